@@ -1,0 +1,3 @@
+"""agentic-router: routes agentic sessions across vLLM / SGLang engines on real engine state."""
+
+__all__: list[str] = []

@@ -1,0 +1,42 @@
+"""agentic-common: the engine-state schema and the transports that carry it
+from engines to routers (`file://`, `redis://`)."""
+
+from agentic_common._schema import (
+    SCHEMA_VERSION,
+    DropReason,
+    EngineState,
+    InvalidStateError,
+    kv_used_frac,
+)
+from agentic_common._transport import (
+    AsyncStateReader,
+    Freshness,
+    StateReader,
+    StateWriter,
+)
+from agentic_common._uri import (
+    DEFAULT_URI,
+    URI_ENV,
+    default_uri,
+    open_async_reader,
+    open_reader,
+    open_writer,
+)
+
+__all__ = [
+    "DEFAULT_URI",
+    "SCHEMA_VERSION",
+    "URI_ENV",
+    "AsyncStateReader",
+    "DropReason",
+    "EngineState",
+    "Freshness",
+    "InvalidStateError",
+    "StateReader",
+    "StateWriter",
+    "default_uri",
+    "kv_used_frac",
+    "open_async_reader",
+    "open_reader",
+    "open_writer",
+]

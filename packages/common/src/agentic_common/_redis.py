@@ -1,0 +1,248 @@
+"""The `redis://` / `rediss://` transport, for routers on other nodes.
+
+Layout (the `{...}` hash tag keeps every key in one cluster slot):
+  {prefix}:e:<engine_id>   the snapshot JSON, SET with a TTL, so a dead engine
+                           vanishes server-side;
+  {prefix}:index           a sorted set engine_id -> last publish time, so a
+                           reader fetches every engine in one round trip (one
+                           EVALSHA that reads the index and MGETs the keys).
+
+Every call has a socket timeout; after a failure, calls are skipped for an
+exponentially growing backoff (the engine's publisher must not spend its
+period waiting on connect timeouts), and the first success resets it.
+`redis` is imported here only, so engines on the file transport never pay it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from agentic_common._schema import ENGINE_ID_PATTERN
+from agentic_common._transport import AsyncStateReader, Freshness, StateReader, StateWriter
+
+DEFAULT_PREFIX = "{agentic}:engine_state"
+DEFAULT_TTL_MS = 5000
+DEFAULT_TIMEOUT_MS = 200
+INDEX_WINDOW_S = 600.0  # index entries older than this are pruned by writers
+
+# Reads the index and MGETs the snapshots in batches (Lua's unpack() has a
+# stack limit of a few thousand arguments). Expired keys come back as nil.
+_READ_ALL_LUA = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')
+local out = {}
+local n = #ids
+local i = 1
+while i <= n do
+  local j = math.min(i + 499, n)
+  local keys = {}
+  for k = i, j do keys[#keys + 1] = ARGV[2] .. ids[k] end
+  local vals = redis.call('MGET', unpack(keys))
+  for k = 1, #keys do out[#out + 1] = vals[k] end
+  i = j + 1
+end
+return out
+"""
+
+
+class BackoffActiveError(ConnectionError):
+    """The store failed recently; this call was skipped without trying."""
+
+
+class _Backoff:
+    def __init__(self, initial_s: float = 0.05, maximum_s: float = 5.0) -> None:
+        self._initial = initial_s
+        self._max = maximum_s
+        self._delay = 0.0
+        self._until = 0.0
+
+    def check(self) -> None:
+        if time.monotonic() < self._until:
+            wait = self._until - time.monotonic()
+            raise BackoffActiveError(f"store unavailable, next attempt in {wait:.2f}s")
+
+    def failed(self) -> None:
+        self._delay = min(self._max, self._delay * 2 if self._delay else self._initial)
+        self._until = time.monotonic() + self._delay
+
+    def succeeded(self) -> None:
+        self._delay = 0.0
+        self._until = 0.0
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A parsed redis URI: the connection URL for redis-py plus our own options."""
+
+    url: str
+    prefix: str = DEFAULT_PREFIX
+    ttl_ms: int = DEFAULT_TTL_MS
+    timeout_s: float = DEFAULT_TIMEOUT_MS / 1000
+
+    @classmethod
+    def parse(cls, uri: str) -> RedisTarget:
+        parts = urlsplit(uri)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ValueError(f"not a redis URI: {uri!r}")
+        if not parts.hostname:
+            raise ValueError(f"redis URI needs a host: {uri!r}")
+        ours: dict[str, str] = {}
+        theirs: list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in ("prefix", "ttl_ms", "timeout_ms"):
+                ours[key] = value
+            else:
+                theirs.append((key, value))
+        url = urlunsplit(parts._replace(query=urlencode(theirs)))
+        try:
+            ttl_ms = int(ours.get("ttl_ms", DEFAULT_TTL_MS))
+            timeout_s = int(ours.get("timeout_ms", DEFAULT_TIMEOUT_MS)) / 1000
+        except ValueError:
+            raise ValueError(f"ttl_ms and timeout_ms must be integers: {uri!r}") from None
+        if ttl_ms <= 0 or timeout_s <= 0:
+            raise ValueError(f"ttl_ms and timeout_ms must be positive: {uri!r}")
+        prefix = ours.get("prefix", DEFAULT_PREFIX)
+        return cls(url=url, prefix=prefix, ttl_ms=ttl_ms, timeout_s=timeout_s)
+
+    @property
+    def redacted(self) -> str:
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
+
+    def state_key(self, engine_id: str) -> str:
+        if not ENGINE_ID_PATTERN.match(engine_id):
+            raise ValueError(f"engine id {engine_id!r} is not a safe key")
+        return f"{self.state_key_prefix}{engine_id}"
+
+    @property
+    def state_key_prefix(self) -> str:
+        return f"{self.prefix}:e:"
+
+    @property
+    def index_key(self) -> str:
+        return f"{self.prefix}:index"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {
+            "socket_timeout": self.timeout_s,
+            "socket_connect_timeout": self.timeout_s,
+            "health_check_interval": 0,
+            "retry_on_timeout": False,
+        }
+
+
+class RedisStateWriter(StateWriter):
+    """A sync writer for the engine's publisher thread."""
+
+    def __init__(self, target: RedisTarget) -> None:
+        super().__init__()
+        import redis
+
+        self.target = target
+        self._client = redis.Redis.from_url(target.url, **target.client_kwargs())
+        self._backoff = _Backoff()
+        self._next_prune = 0.0
+
+    @property
+    def uri(self) -> str:
+        return self.target.redacted
+
+    def _put(self, engine_id: str, payload: bytes) -> None:
+        self._backoff.check()
+        now = time.time()
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self.target.state_key(engine_id), payload, px=self.target.ttl_ms)
+        pipe.zadd(self.target.index_key, {engine_id: now})
+        if now >= self._next_prune:
+            pipe.zremrangebyscore(self.target.index_key, "-inf", now - INDEX_WINDOW_S)
+            self._next_prune = now + 60.0
+        try:
+            pipe.execute()
+        except Exception:
+            self._backoff.failed()
+            raise
+        self._backoff.succeeded()
+
+    def _delete(self, engine_id: str) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(self.target.state_key(engine_id))
+        pipe.zrem(self.target.index_key, engine_id)
+        pipe.execute()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class RedisStateReader(StateReader):
+    def __init__(self, target: RedisTarget, freshness: Freshness | None = None) -> None:
+        super().__init__(freshness)
+        import redis
+
+        self.target = target
+        self._client = redis.Redis.from_url(target.url, **target.client_kwargs())
+        self._script = self._client.register_script(_READ_ALL_LUA)
+        self._backoff = _Backoff()
+
+    @property
+    def uri(self) -> str:
+        return self.target.redacted
+
+    def _fetch_raw(self) -> list[bytes | None]:
+        self._backoff.check()
+        try:
+            result = self._script(
+                keys=[self.target.index_key],
+                args=[time.time() - INDEX_WINDOW_S, self.target.state_key_prefix],
+            )
+        except Exception:
+            self._backoff.failed()
+            raise
+        self._backoff.succeeded()
+        return _as_payloads(result)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class AsyncRedisStateReader(AsyncStateReader):
+    """The router's reader: redis-py's asyncio client, one round trip per poll."""
+
+    def __init__(self, target: RedisTarget, freshness: Freshness | None = None) -> None:
+        super().__init__(freshness)
+        import redis.asyncio
+
+        self.target = target
+        self._client = redis.asyncio.Redis.from_url(target.url, **target.client_kwargs())
+        self._script = self._client.register_script(_READ_ALL_LUA)
+        self._backoff = _Backoff()
+
+    @property
+    def uri(self) -> str:
+        return self.target.redacted
+
+    async def _fetch_raw(self) -> list[bytes | None]:
+        self._backoff.check()
+        try:
+            result = await self._script(
+                keys=[self.target.index_key],
+                args=[time.time() - INDEX_WINDOW_S, self.target.state_key_prefix],
+            )
+        except Exception:
+            self._backoff.failed()
+            raise
+        self._backoff.succeeded()
+        return _as_payloads(result)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _as_payloads(result: Any) -> list[bytes | None]:
+    if not isinstance(result, list):
+        raise TypeError(f"unexpected script reply {type(result).__name__}")
+    return [value if isinstance(value, bytes) else None for value in result]

@@ -1,0 +1,165 @@
+"""The engine-state schema (version 1): one JSON object per engine.
+
+Owns the wire format and its validation. It must not know about transports,
+clocks other than the values it is given, or any engine: both the vLLM plugin
+and the router import it, so it stays dependency-free and cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+SCHEMA_VERSION: Final = 1
+
+# An engine id names a file in the file transport and a key suffix in Redis,
+# so it must be safe for both: no path separators, no whitespace, bounded.
+ENGINE_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+
+# A snapshot larger than this is not one we wrote; refusing it early keeps a
+# hostile or corrupted store from costing the router memory or time.
+MAX_ENCODED_BYTES: Final = 16 * 1024
+
+
+class InvalidStateError(ValueError):
+    """A snapshot that must be dropped. `reason` is one of the DropReason values."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class DropReason:
+    """Why a reader dropped a snapshot; the keys of `StateReader.drops`."""
+
+    STALE: Final = "stale"
+    FUTURE: Final = "future"
+    MALFORMED: Final = "malformed"
+    UNKNOWN_SCHEMA: Final = "unknown_schema"
+    IMPOSSIBLE: Final = "impossible"
+    UNAVAILABLE: Final = "unavailable"  # the store itself could not be read
+
+    ALL: Final = (STALE, FUTURE, MALFORMED, UNKNOWN_SCHEMA, IMPOSSIBLE, UNAVAILABLE)
+
+
+_INT_FIELDS: Final = (
+    "seq",
+    "pid",
+    "num_running",
+    "num_waiting",
+    "gpu_blocks_total",
+    "gpu_blocks_free",
+    "pending_prefill_tokens",
+    "num_decoding",
+    "ongoing_decode_tokens",
+    "num_prefilling",
+    "num_remote_prefill",
+    "max_prefill_remaining",
+)
+_FLOAT_FIELDS: Final = ("ts", "gpu_kv_used_frac", "last_step_ts")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """Real scheduler state of one engine at one instant (DESIGN §4).
+
+    `ongoing_decode_tokens` is the sum, over requests past their prefill, of
+    their context length: the KV a decode step reads. The router's shadow
+    counter of the same name means the same thing.
+    """
+
+    engine_id: str
+    ts: float
+    seq: int
+    pid: int
+    num_running: int
+    num_waiting: int
+    gpu_blocks_total: int
+    gpu_blocks_free: int
+    gpu_kv_used_frac: float
+    pending_prefill_tokens: int
+    num_decoding: int
+    ongoing_decode_tokens: int
+    num_prefilling: int
+    num_remote_prefill: int
+    last_step_ts: float
+    max_prefill_remaining: int
+    schema: int = SCHEMA_VERSION
+
+    def check(self) -> EngineState:
+        """Return self if every value is possible, else raise InvalidStateError."""
+        if not ENGINE_ID_PATTERN.match(self.engine_id):
+            raise InvalidStateError(DropReason.MALFORMED, f"bad engine_id {self.engine_id!r}")
+        for name in _INT_FIELDS:
+            if getattr(self, name) < 0:
+                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name}={value!r}")
+        if self.gpu_blocks_free > self.gpu_blocks_total:
+            raise InvalidStateError(DropReason.IMPOSSIBLE, "gpu_blocks_free > gpu_blocks_total")
+        if not 0.0 <= self.gpu_kv_used_frac <= 1.0:
+            raise InvalidStateError(DropReason.IMPOSSIBLE, "gpu_kv_used_frac outside 0..1")
+        if self.num_decoding > self.num_running:
+            raise InvalidStateError(DropReason.IMPOSSIBLE, "num_decoding > num_running")
+        if self.num_prefilling > self.num_running + self.num_waiting:
+            raise InvalidStateError(DropReason.IMPOSSIBLE, "num_prefilling > running + waiting")
+        if self.max_prefill_remaining > self.pending_prefill_tokens:
+            raise InvalidStateError(
+                DropReason.IMPOSSIBLE, "max_prefill_remaining > pending_prefill_tokens"
+            )
+        return self
+
+    def to_json(self) -> bytes:
+        """Encode as compact UTF-8 JSON (the only wire format; never pickle)."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> EngineState:
+        """Decode and validate; raise InvalidStateError with the drop reason."""
+        if len(data) > MAX_ENCODED_BYTES:
+            raise InvalidStateError(DropReason.MALFORMED, f"{len(data)} bytes is too large")
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidStateError(DropReason.MALFORMED, f"not JSON: {exc}") from None
+        return cls.from_dict(obj)
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> EngineState:
+        """Validate a decoded JSON object; unknown extra keys are ignored (forward compat)."""
+        if not isinstance(obj, dict):
+            raise InvalidStateError(DropReason.MALFORMED, "not a JSON object")
+        schema = obj.get("schema")
+        if schema != SCHEMA_VERSION or isinstance(schema, bool):
+            raise InvalidStateError(DropReason.UNKNOWN_SCHEMA, f"schema={schema!r}")
+        values: dict[str, Any] = {"schema": SCHEMA_VERSION}
+        engine_id = obj.get("engine_id")
+        if not isinstance(engine_id, str):
+            raise InvalidStateError(DropReason.MALFORMED, "engine_id missing or not a string")
+        values["engine_id"] = engine_id
+        for name in _INT_FIELDS:
+            value = obj.get(name)
+            # bool is an int subclass; a JSON true is never a count.
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidStateError(DropReason.MALFORMED, f"{name} missing or not an integer")
+            values[name] = value
+        for name in _FLOAT_FIELDS:
+            value = obj.get(name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise InvalidStateError(DropReason.MALFORMED, f"{name} missing or not a number")
+            values[name] = float(value)
+        return cls(**values).check()
+
+
+def kv_used_frac(blocks_total: int, blocks_free: int) -> float:
+    """1 - free/total, clamped to 0..1; an engine with no pool reads as empty."""
+    if blocks_total <= 0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - blocks_free / blocks_total))

@@ -1,0 +1,98 @@
+"""Pytest helpers for code that talks to the engine-state feed.
+
+Use with `pytest_plugins = ["agentic_common.testing"]`. The `redis_server`
+fixture starts a real `redis-server` on a free loopback port for the session
+and stops it after, so tests pass on machines with no Redis running. It is not
+a fake: tests that need to kill Redis mid-stream call `stop()` and `start()`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """A real redis-server process on 127.0.0.1:port, restartable on the same port."""
+
+    def __init__(self, port: int, workdir: Path) -> None:
+        self.port = port
+        self.workdir = workdir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        self._proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def flush(self) -> None:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            sock.sendall(b"FLUSHALL\r\n")
+            sock.recv(16)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the whole test session (flush between tests yourself)."""
+    with tempfile.TemporaryDirectory(prefix="agentic-redis-") as workdir:
+        server = RedisServer(free_port(), Path(workdir))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def redis_uri(redis_server: RedisServer) -> Iterator[str]:
+    """The session's Redis, flushed before each test; restarted if a test stopped it."""
+    if redis_server._proc is None:
+        redis_server.start()
+    redis_server.flush()
+    yield redis_server.uri
+    if redis_server._proc is None:
+        redis_server.start()
