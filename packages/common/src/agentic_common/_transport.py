@@ -64,7 +64,9 @@ class StateWriter(ABC):
 
     def publish(self, state: EngineState) -> bool:
         try:
-            self._put(state.engine_id, state.to_json())
+            # Validating at the source makes a publisher bug visible where it
+            # happens, not as drops on every router.
+            self._put(state.engine_id, state.check().to_json())
         except Exception as exc:  # the store's failure must not reach the engine
             self.stats.failures += 1
             self.stats.last_error = repr(exc)
@@ -94,6 +96,18 @@ class StateWriter(ABC):
         """Release connections. Idempotent."""
 
 
+FRESH = "fresh"
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """One stored snapshot as a reader judges it (for tools, not for routing)."""
+
+    state: EngineState | None  # None when it could not be decoded
+    verdict: str  # "fresh" or the DropReason it would be dropped for
+    age_s: float | None
+
+
 @dataclass
 class Freshness:
     """The reader's acceptance window: not older than max_age, not newer than skew."""
@@ -111,31 +125,45 @@ class _Validator:
         self.drops: Counter[str] = Counter()
         self.reads = 0
 
+    def classify(self, payload: bytes, now: float) -> tuple[EngineState | None, str]:
+        """Decode one payload: (state, "fresh") or (state or None, the drop reason)."""
+        try:
+            state = EngineState.from_json(payload)
+        except InvalidStateError as exc:
+            return None, exc.reason
+        except Exception:  # the reader never raises because of what it read
+            return None, DropReason.MALFORMED
+        age = now - state.ts
+        if age > self.freshness.max_age_s:
+            return state, DropReason.STALE
+        if age < -self.freshness.max_skew_s:
+            return state, DropReason.FUTURE
+        return state, FRESH
+
     def accept(self, payloads: Iterable[bytes | None]) -> dict[str, EngineState]:
         now = self.freshness.clock()
         fresh: dict[str, EngineState] = {}
         for payload in payloads:
             if payload is None:
                 continue  # vanished between listing and reading: an engine that left
-            try:
-                state = EngineState.from_json(payload)
-            except InvalidStateError as exc:
-                self.drops[exc.reason] += 1
-                continue
-            except Exception:  # the reader never raises because of what it read
-                self.drops[DropReason.MALFORMED] += 1
-                continue
-            age = now - state.ts
-            if age > self.freshness.max_age_s:
-                self.drops[DropReason.STALE] += 1
-            elif age < -self.freshness.max_skew_s:
-                self.drops[DropReason.FUTURE] += 1
-            else:
+            state, verdict = self.classify(payload, now)
+            if verdict != FRESH:
+                self.drops[verdict] += 1
+            elif state is not None:
                 previous = fresh.get(state.engine_id)
                 if previous is None or state.ts >= previous.ts:
                     fresh[state.engine_id] = state
         self.reads += 1
         return fresh
+
+    def inspect(self, payloads: Iterable[bytes | None]) -> list[Inspection]:
+        now = self.freshness.clock()
+        out = []
+        for payload in payloads:
+            if payload is not None:
+                state, verdict = self.classify(payload, now)
+                out.append(Inspection(state, verdict, None if state is None else now - state.ts))
+        return out
 
     def unavailable(self) -> dict[str, EngineState]:
         self.drops[DropReason.UNAVAILABLE] += 1
@@ -174,6 +202,12 @@ class StateReader(ABC):
             self._fail_log.warning("engine-state read from %s failed: %r", self.uri, exc)
             return self._validator.unavailable()
         return self._validator.accept(payloads)
+
+    def inspect(self) -> list[Inspection]:
+        """Every stored snapshot with its verdict, fresh or not; raises if the store is down.
+
+        For operators' tools (`agentic-state dump`); routing uses read_all()."""
+        return self._validator.inspect(self._fetch_raw())
 
     def close(self) -> None:
         """Release connections. Idempotent."""

@@ -34,7 +34,9 @@ def _file_path(uri: str) -> Path | None:
 
 
 def _scheme_error(uri: str) -> ValueError:
-    return ValueError(f"unsupported engine-state URI {uri!r}: use file:///dir, redis:// or rediss://")
+    return ValueError(
+        f"unsupported engine-state URI {uri!r}: use file:///dir, redis:// or rediss://"
+    )
 
 
 def open_writer(uri: str | None = None) -> StateWriter:
@@ -65,7 +67,9 @@ def open_reader(uri: str | None = None, freshness: Freshness | None = None) -> S
     raise _scheme_error(uri)
 
 
-def open_async_reader(uri: str | None = None, freshness: Freshness | None = None) -> AsyncStateReader:
+def open_async_reader(
+    uri: str | None = None, freshness: Freshness | None = None
+) -> AsyncStateReader:
     uri = uri or default_uri()
     path = _file_path(uri)
     if path is not None:

@@ -8,6 +8,7 @@ a fake: tests that need to kill Redis mid-stream call `stop()` and `start()`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -15,8 +16,36 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from agentic_common._schema import EngineState
+
+
+def make_state(engine_id: str = "engine_0", **overrides: Any) -> EngineState:
+    """A valid, fresh EngineState of a moderately busy engine; override any field."""
+    now = time.time()
+    fields: dict[str, Any] = {
+        "engine_id": engine_id,
+        "ts": now,
+        "seq": 1,
+        "pid": os.getpid(),
+        "num_running": 4,
+        "num_waiting": 2,
+        "gpu_blocks_total": 1000,
+        "gpu_blocks_free": 600,
+        "gpu_kv_used_frac": 0.4,
+        "pending_prefill_tokens": 5000,
+        "num_decoding": 3,
+        "ongoing_decode_tokens": 12000,
+        "num_prefilling": 2,
+        "num_remote_prefill": 0,
+        "last_step_ts": now,
+        "max_prefill_remaining": 4000,
+    }
+    fields.update(overrides)
+    return EngineState(**fields)
 
 
 def free_port() -> int:
@@ -43,8 +72,21 @@ class RedisServer:
         if exe is None:
             raise RuntimeError("redis-server is not on PATH (Debian: apt-get install redis-server)")
         self._proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning"],
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--loglevel",
+                "warning",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentic_common import DropReason, EngineState, InvalidStateError, kv_used_frac
+from agentic_common._schema import MAX_ENCODED_BYTES
+from agentic_common.testing import make_state
+
+counts = st.integers(min_value=0, max_value=2**40)
+times = st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def valid_states(draw: st.DrawFn) -> EngineState:
+    total = draw(counts)
+    free = draw(st.integers(min_value=0, max_value=total))
+    running = draw(st.integers(min_value=0, max_value=10_000))
+    waiting = draw(st.integers(min_value=0, max_value=10_000))
+    max_rem = draw(counts)
+    return EngineState(
+        engine_id=draw(st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")),
+        ts=draw(times),
+        seq=draw(counts),
+        pid=draw(st.integers(min_value=0, max_value=2**22)),
+        num_running=running,
+        num_waiting=waiting,
+        gpu_blocks_total=total,
+        gpu_blocks_free=free,
+        gpu_kv_used_frac=kv_used_frac(total, free),
+        pending_prefill_tokens=max_rem + draw(counts),
+        num_decoding=draw(st.integers(min_value=0, max_value=running)),
+        ongoing_decode_tokens=draw(counts),
+        num_prefilling=draw(st.integers(min_value=0, max_value=running + waiting)),
+        num_remote_prefill=draw(st.integers(min_value=0, max_value=waiting)),
+        last_step_ts=draw(times),
+        max_prefill_remaining=max_rem,
+    )
+
+
+@given(valid_states())
+def test_round_trip_is_exact(state: EngineState) -> None:
+    assert EngineState.from_json(state.to_json()) == state
+
+
+@given(st.binary(max_size=4096))
+def test_arbitrary_bytes_only_ever_raise_invalid_state(data: bytes) -> None:
+    try:
+        EngineState.from_json(data)
+    except InvalidStateError as exc:
+        assert exc.reason in DropReason.ALL
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(
+    valid_states(), st.sampled_from([f.name for f in dataclasses.fields(EngineState)]), json_values
+)
+def test_any_field_replaced_by_any_json_value_is_accepted_only_if_valid(
+    state: EngineState, field: str, value: Any
+) -> None:
+    obj = dataclasses.asdict(state)
+    obj[field] = value
+    try:
+        decoded = EngineState.from_json(json.dumps(obj))
+    except InvalidStateError as exc:
+        assert exc.reason in DropReason.ALL
+        return
+    # Whatever was accepted satisfies every invariant a router relies on.
+    assert decoded.check() is decoded
+    assert 0 <= decoded.gpu_blocks_free <= decoded.gpu_blocks_total
+    assert 0.0 <= decoded.gpu_kv_used_frac <= 1.0
+
+
+def _reason(**overrides: Any) -> str:
+    obj = dataclasses.asdict(make_state())
+    obj.update(overrides)
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(json.dumps(obj))
+    return info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"schema": 2}, DropReason.UNKNOWN_SCHEMA),
+        ({"schema": True}, DropReason.UNKNOWN_SCHEMA),
+        ({"schema": None}, DropReason.UNKNOWN_SCHEMA),
+        ({"num_running": -1}, DropReason.IMPOSSIBLE),
+        ({"gpu_blocks_free": 2000}, DropReason.IMPOSSIBLE),
+        ({"gpu_kv_used_frac": 1.5}, DropReason.IMPOSSIBLE),
+        ({"gpu_kv_used_frac": -0.1}, DropReason.IMPOSSIBLE),
+        ({"num_decoding": 9}, DropReason.IMPOSSIBLE),
+        ({"max_prefill_remaining": 6000}, DropReason.IMPOSSIBLE),
+        ({"num_running": 1.5}, DropReason.MALFORMED),
+        ({"num_running": True}, DropReason.MALFORMED),
+        ({"num_running": "4"}, DropReason.MALFORMED),
+        ({"engine_id": "../etc/passwd"}, DropReason.MALFORMED),
+        ({"engine_id": ""}, DropReason.MALFORMED),
+        ({"engine_id": 7}, DropReason.MALFORMED),
+        ({"ts": "now"}, DropReason.MALFORMED),
+    ],
+)
+def test_each_bad_field_is_dropped_for_the_right_reason(
+    overrides: dict[str, Any], reason: str
+) -> None:
+    assert _reason(**overrides) == reason
+
+
+def test_non_finite_numbers_are_impossible() -> None:
+    payload = make_state().to_json().replace(b'"gpu_kv_used_frac":0.4', b'"gpu_kv_used_frac":NaN')
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(payload)
+    assert info.value.reason == DropReason.IMPOSSIBLE
+
+
+def test_oversize_payload_is_malformed_without_parsing() -> None:
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(b" " * (MAX_ENCODED_BYTES + 1))
+    assert info.value.reason == DropReason.MALFORMED
+
+
+def test_unknown_extra_fields_are_ignored_for_forward_compatibility() -> None:
+    obj = dataclasses.asdict(make_state())
+    obj["some_future_field"] = [1, 2, 3]
+    assert EngineState.from_json(json.dumps(obj)) == make_state(
+        ts=obj["ts"], last_step_ts=obj["ts"]
+    )
+
+
+def test_wire_format_is_compact_json_not_pickle() -> None:
+    payload = make_state().to_json()
+    assert payload.startswith(b'{"engine_id":"engine_0"')
+    assert json.loads(payload)["schema"] == 1
+
+
+@pytest.mark.parametrize(
+    ("total", "free", "expected"), [(0, 0, 0.0), (100, 100, 0.0), (100, 0, 1.0), (100, 25, 0.75)]
+)
+def test_kv_used_frac(total: int, free: int, expected: float) -> None:
+    assert kv_used_frac(total, free) == expected
