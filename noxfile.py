@@ -26,6 +26,12 @@ PACKAGES = {
     "vllm-engine-state": "packages/vllm-engine-state",
     "sglang-session-fix": "packages/sglang-session-fix",
 }
+IMPORT_NAMES = {
+    "common": "agentic_common",
+    "router": "agentic_router",
+    "vllm-engine-state": "vllm_engine_state",
+    "sglang-session-fix": "sglang_session_fix",
+}
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 LINT_DEPS = ["ruff==0.15.*"]
 TYPE_DEPS = ["mypy==1.19.*", "types-PyYAML"]
@@ -82,8 +88,7 @@ def wheels(session: nox.Session) -> None:
         # sibling package fails here.
         deps = [] if name == "common" else [str(next((dist / "common").glob("*.whl")))]
         session.run(py, "-m", "pip", "install", "-q", str(wheel), *deps, external=True)
-        module = name.replace("-", "_") if name != "common" else "agentic_common"
-        module = "agentic_router" if name == "router" else module
+        module = IMPORT_NAMES[name]
         session.run(py, "-c", f"import {module}; print({module}.__name__, 'imports')",
                     external=True)
 
