@@ -1,3 +1,25 @@
 """agentic-router: routes agentic sessions across vLLM / SGLang engines on real engine state."""
 
-__all__: list[str] = []
+from agentic_router.core import (
+    CandidateScore,
+    Decision,
+    Router,
+    RouterConfig,
+    RoutingRequest,
+    build_routing_request,
+)
+from agentic_router.feed import StateFeed
+from agentic_router.instance import InstanceState
+from agentic_router.plugins import make_plugin_manager
+
+__all__ = [
+    "CandidateScore",
+    "Decision",
+    "InstanceState",
+    "Router",
+    "RouterConfig",
+    "RoutingRequest",
+    "StateFeed",
+    "build_routing_request",
+    "make_plugin_manager",
+]

@@ -1,0 +1,731 @@
+"""The routing brain, independent of HTTP: the facade the proxy and the simulator share.
+
+Owns: the Router facade over sequence state (agentic_router.state), per-worker
+InstanceState (agentic_router.instance), the policy pipeline (filters ->
+scorers -> picker, agentic_router.policy, built-ins in agentic_router.builtin,
+all registered through pluggy hooks, agentic_router.hookspecs), and the
+decision record. Must not do I/O or await: the feed loop (agentic_router.feed)
+and the /metrics reconcile loop (agentic_router.metrics) are separate and call
+in. All time goes through the injected `clock` (wall-clock seconds by
+default; the simulator passes its virtual clock, and EngineState.ts it
+produces is virtual time too).
+
+API (stable; the proxy and the simulator code against this)
+-----------------------------------------------------------
+
+    from agentic_router import Router, RouterConfig, RoutingRequest, Decision
+
+    RoutingRequest(request_id: str, session_id: str | None, prompt_tokens: int,
+                   block_hashes: tuple[int, ...] = (), block_size: int = 64,
+                   max_tokens: int | None = None)
+        block_hashes are chained (block i covers blocks 0..i); make them with
+        agentic_router.prefix: block_hashes_from_tokens(ids, bs),
+        block_hashes_from_text(text, chars), block_hashes_from_ids(mooncake_hash_ids).
+        build_routing_request(request_id, body, session_id=..., config=..., plugin_manager=...)
+        builds one from an OpenAI request body (token ids if present, else the
+        agentic_router_tokenize hook, else text chunks).
+
+    router = Router(workers: Sequence[str], policy: str = "unified", *,
+                    config: RouterConfig | None = None,
+                    plugin_manager: pluggy.PluginManager | None = None,  # make_plugin_manager()
+                    clock: Callable[[], float] = time.time)
+    router.decide(req) -> Decision           sync; never awaits; does not reserve load
+    router.add_request(req, worker)           AddRequest: reserve shadow load BEFORE any await
+    router.mark_prefill_completed(request_id) first token
+    router.free(request_id)                   end / error / client gone; idempotent
+        unknown ids and duplicates never raise: counted in router.anomalies
+        (a worker index out of range is a caller bug: ValueError)
+    router.route(req) -> Decision             decide + add_request in one call
+    router.apply_engine_states({engine_id: EngineState})   one feed poll (StateFeed calls it)
+    router.reconcile_from_metrics(worker, EngineMetrics)    feed-off reconcile (MetricsReconciler)
+    router.instance_state(worker) -> InstanceState          eff_* / r_* accessors, fresh, stalled
+    router.snapshot() -> dict                 JSON-able, every worker's shadow + real (for /state)
+    router.set_worker_health(worker, healthy) unhealthy workers are not candidates (unless all are)
+    router.notify(kind, request_id=..., worker=..., session_id=..., **payload)
+        feedback for stateful policies (e.g. kind="admission" in P/D); reaches
+        DecodeSelector.on_event and the agentic_router_event hook
+    router.workers: WorkerTable (names, slot(name), name(slot)); router.num_workers
+    router.engine_worker(engine_id) -> int | None   engine id -> worker (default "engine_i" -> i)
+    router.policy_names() -> list[str];  router.set_policy(name)
+
+    Decision (frozen): request_id, session_id, worker: int, policy: str, reason: str,
+        decode_worker: int | None (P/D and Mechanism B; None = decode where prefill runs),
+        seq: int (decision number), ts: float, home: int | None (session's home then),
+        notes: dict, candidates -> tuple[CandidateScore, ...] (built lazily):
+            CandidateScore(worker, total, parts {scorer: weighted cost},
+                           features {cached_tokens, uncached_tokens, eff_*},
+                           real {fresh, stalled, age_s, seq, r_max_prefill_remaining,
+                                 r_kv_used_frac, r_num_prefilling}, filtered_by)
+        to_log() -> dict   the JSON line for routing-decisions.jsonl
+
+    StateFeed(router, reader_or_uri, period_s=...) in agentic_router.feed:
+        async start() / stop(); staleness per worker via router.instance_state(w).age_s.
+    MetricsReconciler(router, urls) in agentic_router.metrics: start() / async stop().
+
+Policies: round_robin, random, load_only, lmetric, sticky, unified (DESIGN §5);
+`agentic-router plugins` lists every installed one. New policies (unified_v3,
+kv_aware) plug in through the agentic_router_policies hook with a
+PolicySpec(decode_selector=...) whose selector sees events via on_event.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from agentic_common import EngineState
+from agentic_router.instance import InstanceState, RealStateRules
+from agentic_router.metrics import EngineMetrics
+from agentic_router.plugins import Components, build_decode_selector, make_plugin_manager
+from agentic_router.policy import DecodeSelector, PolicySpec, RouterEvent, ScoringContext
+from agentic_router.prefix import (
+    CHARS_PER_TOKEN,
+    block_hashes_from_text,
+    block_hashes_from_tokens,
+)
+from agentic_router.state import (
+    RECONCILED_FREE,
+    PromptRegistry,
+    SequenceEntry,
+    SequenceState,
+    WorkerTable,
+)
+
+__all__ = [
+    "CandidateScore",
+    "Decision",
+    "Router",
+    "RouterConfig",
+    "RoutingRequest",
+    "build_routing_request",
+]
+
+log = logging.getLogger("agentic_router")
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    request_id: str
+    session_id: str | None
+    prompt_tokens: int  # (estimated) prompt length in tokens
+    block_hashes: tuple[int, ...] = ()  # chained prefix-block hashes (block i covers 0..i)
+    block_size: int = 64  # tokens per block hash
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Every routing knob, with its default. (CLI flags / AGENTIC_ROUTER_* env
+    twins are declared in agentic_router.settings.)"""
+
+    # effective-state rule
+    use_real_state: bool = True  # False: ignore the feed entirely (shadow-only)
+    max_age_s: float = 0.5  # a snapshot older than this is stale
+    big_prefill_threshold: int = 32768  # tokens; max_prefill_remaining >= this = stall risk
+    kv_wall_frac: float = 0.95  # gpu_kv_used_frac >= this = capacity wall
+    stall_hold_s: float = 30.0  # stale after a big-prefill snapshot reads as stalled this long
+    step_stall_s: float = 5.0  # fresh snapshot, no scheduler step this long, running > 0: stalled
+    # policies
+    overload_factor: float = 1.3  # unified: leave home above this x max(mean load, 1)
+    min_cache_hit: float = 0.3  # unified: leave home below this cached fraction
+    lmetric_decode_weight: float = 0.0  # lmetric: cost per ongoing decode token
+    seed: int = 0  # random policy and any plugin randomness
+    # prefix identity and registry bounds
+    block_size: int = 64  # tokens per block when the router hashes token ids or text
+    registry_capacity_blocks: int = 16384  # per worker
+    registry_ttl_s: float = 600.0
+    session_capacity: int = 100_000
+    session_ttl_s: float = 3600.0
+    freed_memory: int = 65536  # recently freed ids remembered to count duplicate Frees
+    # feed and reconcile
+    engine_map: Mapping[str, int] | None = None  # engine_id -> worker; default engine_i -> i
+    feed_period_s: float = 0.05
+    reconcile_period_s: float = 30.0
+    reconcile_grace_s: float = 10.0  # engine below shadow this long before freeing
+    reconcile_min_age_s: float = 60.0  # only shadow entries at least this old are freed
+    # plugin knobs, by plugin-chosen key
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_age_s",
+            "stall_hold_s",
+            "step_stall_s",
+            "feed_period_s",
+            "reconcile_period_s",
+            "registry_ttl_s",
+            "session_ttl_s",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in (
+            "big_prefill_threshold",
+            "block_size",
+            "registry_capacity_blocks",
+            "session_capacity",
+            "freed_memory",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value > 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0.0 < self.kv_wall_frac <= 1.0:
+            raise ValueError(f"kv_wall_frac must be in (0, 1], got {self.kv_wall_frac!r}")
+        if self.overload_factor <= 0 or not 0.0 <= self.min_cache_hit <= 1.0:
+            raise ValueError("overload_factor must be > 0 and min_cache_hit in [0, 1]")
+
+    @property
+    def rules(self) -> RealStateRules:
+        return RealStateRules(
+            max_age_s=self.max_age_s,
+            big_prefill_threshold=self.big_prefill_threshold,
+            stall_hold_s=self.stall_hold_s,
+            step_stall_s=self.step_stall_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    worker: int
+    total: float | None  # None when a filter dropped it
+    parts: dict[str, float]
+    features: dict[str, float]
+    real: dict[str, Any]
+    filtered_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "total": self.total,
+            "parts": self.parts,
+            "features": self.features,
+            "real": self.real,
+            "filtered_by": self.filtered_by,
+        }
+
+
+class _Trace:
+    """What a decision saw, kept so the candidate records are built only when read."""
+
+    __slots__ = ("ctx", "dropped", "parts", "records", "totals")
+
+    def __init__(
+        self,
+        ctx: ScoringContext,
+        totals: list[float],
+        parts: dict[str, list[float]],
+        dropped: list[tuple[int, InstanceState, str]],
+    ) -> None:
+        self.ctx = ctx
+        self.totals = totals
+        self.parts = parts
+        self.dropped = dropped
+        self.records: tuple[CandidateScore, ...] | None = None
+
+    def build(self) -> tuple[CandidateScore, ...]:
+        if self.records is not None:
+            return self.records
+        ctx = self.ctx
+        out: list[CandidateScore] = []
+        for i, (w, s) in enumerate(zip(ctx.candidates, ctx.states, strict=True)):
+            out.append(
+                CandidateScore(
+                    worker=w,
+                    total=self.totals[i],
+                    parts={name: vals[i] for name, vals in self.parts.items()},
+                    features={
+                        "cached_tokens": ctx.cached_tokens[i],
+                        "uncached_tokens": ctx.uncached_tokens[i],
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_pending_prefill": s.eff_pending_prefill,
+                        "eff_ongoing_decode": s.eff_ongoing_decode,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    real=s.real_fields(),
+                )
+            )
+        for w, s, by in self.dropped:
+            out.append(
+                CandidateScore(
+                    worker=w,
+                    total=None,
+                    parts={},
+                    features={
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    real=s.real_fields(),
+                    filtered_by=by,
+                )
+            )
+        out.sort(key=lambda c: c.worker)
+        self.records = tuple(out)
+        return self.records
+
+
+@dataclass(frozen=True)
+class Decision:
+    request_id: str
+    session_id: str | None
+    worker: int
+    policy: str
+    reason: str
+    decode_worker: int | None
+    seq: int
+    ts: float
+    home: int | None
+    notes: dict[str, Any]
+    _trace: _Trace | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def candidates(self) -> tuple[CandidateScore, ...]:
+        return () if self._trace is None else self._trace.build()
+
+    def to_log(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "seq": self.seq,
+            "request_id": self.request_id,
+            "session_id": self.session_id,
+            "policy": self.policy,
+            "worker": self.worker,
+            "decode_worker": self.decode_worker,
+            "reason": self.reason,
+            "home": self.home,
+            "notes": {k: v for k, v in self.notes.items() if k != "reason"},
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+class _ErrorLog:
+    """Log a plugin's first failure with its traceback, then every 1000th."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def record(self, key: str, what: str) -> None:
+        self.counts[key] += 1
+        n = self.counts[key]
+        if n == 1 or n % 1000 == 0:
+            log.exception("%s failed (%d times so far); skipped for this request", what, n)
+
+
+def _default_engine_map(n: int) -> dict[str, int]:
+    return {f"engine_{i}": i for i in range(n)}
+
+
+class Router:
+    """See the module docstring for the API."""
+
+    def __init__(
+        self,
+        workers: Sequence[str],
+        policy: str = "unified",
+        *,
+        config: RouterConfig | None = None,
+        plugin_manager: pluggy.PluginManager | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self.config = config or RouterConfig()
+        self.clock = clock
+        self.workers = WorkerTable(list(workers))
+        self.num_workers = len(self.workers)
+        self.registry = PromptRegistry(
+            self.num_workers,
+            capacity_blocks=self.config.registry_capacity_blocks,
+            ttl_s=self.config.registry_ttl_s,
+            session_capacity=self.config.session_capacity,
+            session_ttl_s=self.config.session_ttl_s,
+        )
+        self.state = SequenceState(
+            self.workers, self.registry, freed_memory=self.config.freed_memory
+        )
+        self.pm = plugin_manager if plugin_manager is not None else make_plugin_manager()
+        self.components = Components.collect(self.pm, self.config)
+        self._rules = self.config.rules
+        self._rng = random.Random(self.config.seed)
+        self._seq = 0
+        self._errors = _ErrorLog()
+        engine_map = self.config.engine_map
+        self._engine_map: dict[str, int] = (
+            dict(engine_map) if engine_map is not None else _default_engine_map(self.num_workers)
+        )
+        for engine_id, w in self._engine_map.items():
+            if not 0 <= w < self.num_workers:
+                raise ValueError(f"engine_map[{engine_id!r}] = {w} is not a worker index")
+        self._real: list[EngineState | None] = [None] * self.num_workers
+        self._metrics: list[EngineMetrics | None] = [None] * self.num_workers
+        self._excess_since: list[float | None] = [None] * self.num_workers
+        self.feed_counts: Counter[str] = Counter()
+        self._policy: PolicySpec
+        self._decode: DecodeSelector | None
+        self._last_expire = clock()
+        self.set_policy(policy)
+
+    # -- configuration ----------------------------------------------------------
+    def policy_names(self) -> list[str]:
+        return sorted(self.components.policies)
+
+    @property
+    def policy(self) -> str:
+        return self._policy.name
+
+    def set_policy(self, name: str) -> None:
+        spec = self.components.policies.get(name)
+        if spec is None:
+            raise ValueError(f"unknown policy {name!r}; installed: {self.policy_names()}")
+        self._policy = spec
+        self._decode = build_decode_selector(spec, self.config)
+
+    def set_worker_health(self, worker: int, healthy: bool) -> None:
+        self.workers.set_healthy(worker, healthy)
+
+    def engine_worker(self, engine_id: str) -> int | None:
+        return self._engine_map.get(engine_id)
+
+    @property
+    def anomalies(self) -> Counter[str]:
+        return self.state.anomalies
+
+    @property
+    def plugin_errors(self) -> Counter[str]:
+        return self._errors.counts
+
+    # -- reading state ------------------------------------------------------------
+    def _instance(self, worker: int, now: float) -> InstanceState:
+        return InstanceState.build(
+            worker, self.registry.load(worker), self._real[worker], now, self._rules
+        )
+
+    def instance_state(self, worker: int) -> InstanceState:
+        self.workers.check(worker)
+        return self._instance(worker, self.clock())
+
+    # -- deciding -------------------------------------------------------------------
+    def decide(self, req: RoutingRequest) -> Decision:
+        now = self.clock()
+        seq = self._seq
+        self._seq += 1
+        n = self.num_workers
+        healthy = [w for w in range(n) if self.workers.healthy(w)]
+        notes: dict[str, Any] = {}
+        if not healthy:
+            healthy = list(range(n))
+            notes["no_healthy_workers"] = True
+        home = self.registry.session_home(req.session_id, now)
+        ctx = ScoringContext(
+            request=req,
+            candidates=healthy,
+            states=[self._instance(w, now) for w in healthy],
+            num_workers=n,
+            home=home,
+            seq=seq,
+            now=now,
+            config=self.config,
+            registry=self.registry,
+            rng=self._rng,
+            notes=notes,
+        )
+        spec = self._policy
+        dropped: list[tuple[int, InstanceState, str]] = []
+        for fname in spec.filters:
+            flt = self.components.filters[fname]
+            try:
+                keep = [bool(k) for k in flt.keep(ctx)]
+                if len(keep) != len(ctx.candidates):
+                    raise ValueError(f"returned {len(keep)} flags for {len(ctx.candidates)}")
+            except Exception:
+                self._errors.record(f"filter:{fname}", f"filter {fname!r}")
+                continue
+            if all(keep):
+                continue
+            if not any(keep):
+                notes.setdefault("filters_ignored", []).append(fname)
+                continue
+            for c, s, k in zip(ctx.candidates, ctx.states, keep, strict=True):
+                if not k:
+                    dropped.append((c, s, fname))
+            ctx = ctx.narrow(keep)
+        m = len(ctx.candidates)
+        totals = [0.0] * m
+        parts: dict[str, list[float]] = {}
+        for sname, weight in spec.scorers:
+            scorer = self.components.scorers[sname]
+            try:
+                raw = scorer.score(ctx)
+                if len(raw) != m:
+                    raise ValueError(f"returned {len(raw)} scores for {m} candidates")
+                vals = [weight * float(v) for v in raw]
+                if not all(math.isfinite(v) for v in vals):
+                    raise ValueError("returned a non-finite score")
+            except Exception:
+                self._errors.record(f"scorer:{sname}", f"scorer {sname!r}")
+                continue
+            parts[sname] = vals
+            totals = [t + v for t, v in zip(totals, vals, strict=True)]
+        tie_lists = [ctx.feature(f) for f in spec.tie_break]
+        rotation = ctx.rotation()
+        best = min(range(m), key=lambda i: (totals[i], *(t[i] for t in tie_lists), rotation[i]))
+        worker = ctx.candidates[best]
+        decode_worker: int | None = None
+        if self._decode is not None:
+            try:
+                decode_worker = self._decode.select(ctx, worker)
+                if decode_worker is not None:
+                    self.workers.check(decode_worker)
+            except Exception:
+                self._errors.record(f"decode_selector:{spec.name}", "decode selector")
+                decode_worker = None
+        reason = str(notes.get("reason", "lowest-cost"))
+        decision = Decision(
+            request_id=req.request_id,
+            session_id=req.session_id,
+            worker=worker,
+            policy=spec.name,
+            reason=reason,
+            decode_worker=decode_worker,
+            seq=seq,
+            ts=now,
+            home=home,
+            notes=notes,
+            _trace=_Trace(ctx, totals, parts, dropped),
+        )
+        try:
+            self.pm.hook.agentic_router_decision(router=self, request=req, decision=decision)
+        except Exception:
+            self._errors.record("hook:agentic_router_decision", "agentic_router_decision hook")
+        return decision
+
+    def route(self, req: RoutingRequest) -> Decision:
+        """decide, then reserve the request on the chosen worker (AddRequest)."""
+        decision = self.decide(req)
+        self.add_request(req, decision.worker)
+        return decision
+
+    # -- events -----------------------------------------------------------------------
+    def add_request(self, req: RoutingRequest, worker: int) -> None:
+        now = self.clock()
+        entry = self.state.add_request(
+            req.request_id,
+            worker,
+            session_id=req.session_id,
+            prompt_tokens=req.prompt_tokens,
+            block_hashes=req.block_hashes,
+            block_size=req.block_size,
+            now=now,
+        )
+        if now - self._last_expire >= 1.0:
+            self._last_expire = now
+            self.registry.expire(now)
+        if entry is not None:
+            self._emit("add", entry, now)
+
+    def mark_prefill_completed(self, request_id: str) -> None:
+        entry = self.state.mark_prefill_completed(request_id)
+        if entry is not None:
+            self._emit("prefill_completed", entry, self.clock())
+
+    def free(self, request_id: str) -> None:
+        entry = self.state.free(request_id)
+        if entry is not None:
+            self._emit("free", entry, self.clock())
+
+    def notify(
+        self,
+        kind: str,
+        *,
+        request_id: str | None = None,
+        worker: int | None = None,
+        session_id: str | None = None,
+        **payload: Any,
+    ) -> None:
+        """Feedback for stateful policies and observers (never raises for a plugin)."""
+        if worker is not None:
+            self.workers.check(worker)
+        self._dispatch(RouterEvent(kind, request_id, worker, session_id, self.clock(), payload))
+
+    def _emit(self, kind: str, entry: SequenceEntry, now: float) -> None:
+        self._dispatch(RouterEvent(kind, entry.request_id, entry.worker, entry.session_id, now))
+
+    def _dispatch(self, event: RouterEvent) -> None:
+        on_event = getattr(self._decode, "on_event", None)
+        if on_event is not None:
+            try:
+                on_event(event)
+            except Exception:
+                self._errors.record(f"decode_selector:{self._policy.name}", "decode selector event")
+        try:
+            self.pm.hook.agentic_router_event(router=self, event=event)
+        except Exception:
+            self._errors.record("hook:agentic_router_event", "agentic_router_event hook")
+
+    # -- real state -------------------------------------------------------------------
+    def apply_engine_states(self, states: Mapping[str, EngineState]) -> None:
+        """One feed poll's result: the latest fresh snapshot per engine id."""
+        if not self.config.use_real_state:
+            self.feed_counts["ignored"] += len(states)
+            return
+        now = self.clock()
+        for engine_id, st in states.items():
+            worker = self._engine_map.get(engine_id)
+            if worker is None:
+                self.feed_counts["unmapped"] += 1
+                continue
+            prev = self._real[worker]
+            if prev is not None and st.pid == prev.pid and (st.ts, st.seq) <= (prev.ts, prev.seq):
+                if st.seq != prev.seq:
+                    self.feed_counts["out_of_order"] += 1
+                continue
+            self._real[worker] = st
+            self.feed_counts["applied"] += 1
+            if now - st.ts <= self.config.max_age_s:
+                self._reconcile_leaks(worker, st.num_running + st.num_waiting, now)
+
+    def reconcile_from_metrics(self, worker: int, metrics: EngineMetrics) -> None:
+        """Feed-off reconcile: free shadow entries the engine no longer has."""
+        self.workers.check(worker)
+        self._metrics[worker] = metrics
+        self._reconcile_leaks(worker, metrics.num_requests, self.clock())
+
+    def _reconcile_leaks(self, worker: int, engine_requests: int, now: float) -> None:
+        excess = self.state.active.load(worker).num_requests - engine_requests
+        if excess <= 0:
+            self._excess_since[worker] = None
+            return
+        since = self._excess_since[worker]
+        if since is None:
+            self._excess_since[worker] = now
+            return
+        if now - since < self.config.reconcile_grace_s:
+            return
+        cutoff = now - self.config.reconcile_min_age_s
+        old = sorted(
+            (e for e in self.state.active.entries(worker).values() if e.added_at <= cutoff),
+            key=lambda e: (e.added_at, e.request_id),
+        )
+        for e in old[:excess]:
+            self.state.free(e.request_id, reason=RECONCILED_FREE)
+            self._emit("free", e, now)
+        self._excess_since[worker] = None
+
+    # -- introspection -------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        now = self.clock()
+        workers = []
+        for w in range(self.num_workers):
+            d = self._instance(w, now).to_dict()
+            d["name"] = self.workers.name(w)
+            d["healthy"] = self.workers.healthy(w)
+            d["prefix_blocks"] = self.registry.blocks_held(w)
+            m = self._metrics[w]
+            d["metrics"] = (
+                None
+                if m is None
+                else {
+                    "num_running": m.num_running,
+                    "num_waiting": m.num_waiting,
+                    "kv_used_frac": m.kv_used_frac,
+                    "source": m.source,
+                }
+            )
+            workers.append(d)
+        return {
+            "ts": now,
+            "policy": self._policy.name,
+            "decisions": self._seq,
+            "active_requests": len(self.state.index),
+            "sessions": self.registry.num_sessions(),
+            "registry_blocks": self.registry.total_blocks(),
+            "anomalies": dict(self.state.anomalies),
+            "feed": dict(self.feed_counts),
+            "plugin_errors": dict(self._errors.counts),
+            "engine_map": dict(self._engine_map),
+            "workers": workers,
+        }
+
+
+def _message_text(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for msg in messages:
+            if not isinstance(msg, Mapping):
+                continue
+            content = msg.get("content")
+            if isinstance(content, list):  # multi-part content: keep the text parts
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+            parts.append(f"{msg.get('role', '')}\x1f{content if content is not None else ''}\x1e")
+            if msg.get("tool_calls") is not None:
+                parts.append(repr(msg.get("tool_calls")))
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "\x1e".join(prompt)
+    return ""
+
+
+def _token_ids(body: Mapping[str, Any]) -> list[int] | None:
+    for key in ("prompt_token_ids", "input_ids"):
+        ids = body.get(key)
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return ids
+    prompt = body.get("prompt")
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    ):
+        return prompt
+    return None
+
+
+def build_routing_request(
+    request_id: str,
+    body: Mapping[str, Any],
+    *,
+    session_id: str | None = None,
+    config: RouterConfig | None = None,
+    plugin_manager: pluggy.PluginManager | None = None,
+) -> RoutingRequest:
+    """A RoutingRequest from an OpenAI chat/completions body.
+
+    Prefix identity: token ids in the body (`prompt` as a token list,
+    `prompt_token_ids` or `input_ids`), else the agentic_router_tokenize hook,
+    else text chunks of block_size x 4 characters (prompt length estimated at
+    4 characters per token).
+    """
+    cfg = config or RouterConfig()
+    bs = cfg.block_size
+    ids = _token_ids(body)
+    if ids is None and plugin_manager is not None:
+        got = plugin_manager.hook.agentic_router_tokenize(body=body, config=cfg)
+        ids = list(got) if got is not None else None
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        max_tokens = None
+    if ids is not None:
+        return RoutingRequest(
+            request_id, session_id, len(ids), block_hashes_from_tokens(ids, bs), bs, max_tokens
+        )
+    text = _message_text(body)
+    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return RoutingRequest(
+        request_id,
+        session_id,
+        tokens,
+        block_hashes_from_text(text, bs * CHARS_PER_TOKEN),
+        bs,
+        max_tokens,
+    )

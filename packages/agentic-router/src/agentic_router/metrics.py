@@ -1,0 +1,244 @@
+"""Reading engines' Prometheus `/metrics` for the feed-off reconcile (DESIGN §3).
+
+Without the engine-state feed, the router's shadow is reconciled against each
+engine's `/metrics` every `reconcile_period_s` (default 30 s): if the engine
+runs fewer requests than the shadow holds for longer than a grace period, the
+oldest shadow entries are freed (a lost Free; counted).
+
+- `parse_prometheus_text(text)` is pure (Prometheus text exposition format
+  0.0.4): no I/O, never raises on a bad line (bad lines are counted and
+  skipped).
+- `engine_metrics(samples)` maps vLLM (`vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` or the pre-0.12
+  `vllm:gpu_cache_usage_perc`) and SGLang (`sglang:num_running_reqs`,
+  `sglang:num_queue_reqs`, `sglang:token_usage`) names onto EngineMetrics,
+  summing over label sets (a data-parallel server reports one per engine).
+- `MetricsReconciler` is the async loop the proxy starts: one GET per engine
+  per period over aiohttp, with a timeout; failures are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from agentic_router.core import Router
+
+log = logging.getLogger("agentic_router.metrics")
+
+RUNNING_NAMES: Final = ("vllm:num_requests_running", "sglang:num_running_reqs")
+WAITING_NAMES: Final = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+KV_NAMES: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """What the reconcile needs from one engine's /metrics."""
+
+    num_running: int
+    num_waiting: int
+    kv_used_frac: float | None = None
+    source: str = ""  # "vllm" | "sglang"
+
+    @property
+    def num_requests(self) -> int:
+        return self.num_running + self.num_waiting
+
+
+_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_RE: Final = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|(?=}))')
+_ESCAPES: Final = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _parse_value(text: str) -> float:
+    t = text.strip()
+    if t in ("+Inf", "Inf"):
+        return math.inf
+    if t == "-Inf":
+        return -math.inf
+    if t == "NaN":
+        return math.nan
+    return float(t)
+
+
+def parse_prometheus_text(text: str, errors: Counter[str] | None = None) -> list[Sample]:
+    """Parse the Prometheus text format into samples; bad lines are skipped.
+
+    `errors` (if given) counts skipped lines under "bad_line".
+    """
+    out: list[Sample] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _NAME_RE.match(line)
+        if m is None:
+            if errors is not None:
+                errors["bad_line"] += 1
+            continue
+        name = m.group(0)
+        rest = line[m.end() :]
+        labels: list[tuple[str, str]] = []
+        try:
+            if rest.startswith("{"):
+                close = _find_label_end(rest)
+                body = rest[1:close]
+                pos = 0
+                while pos < len(body):
+                    lm = _LABEL_RE.match(body, pos)
+                    if lm is None:
+                        raise ValueError("bad label")
+                    labels.append((lm.group(1), _unescape(lm.group(2))))
+                    pos = lm.end()
+                rest = rest[close + 1 :]
+            if not rest[:1].isspace():
+                raise ValueError("no space before value")
+            fields = rest.split()
+            if not 1 <= len(fields) <= 2:
+                raise ValueError("expected value [timestamp]")
+            value = _parse_value(fields[0])
+        except (ValueError, IndexError):
+            if errors is not None:
+                errors["bad_line"] += 1
+            continue
+        out.append(Sample(name, tuple(labels), value))
+    return out
+
+
+def _find_label_end(rest: str) -> int:
+    in_quotes = False
+    i = 1
+    while i < len(rest):
+        ch = rest[i]
+        if in_quotes:
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == '"':
+                in_quotes = False
+        elif ch == '"':
+            in_quotes = True
+        elif ch == "}":
+            return i
+        i += 1
+    raise ValueError("unterminated labels")
+
+
+def _sum(samples: Sequence[Sample], names: Iterable[str]) -> tuple[float, str] | None:
+    for name in names:
+        values = [s.value for s in samples if s.name == name and math.isfinite(s.value)]
+        if values:
+            return sum(values), name
+    return None
+
+
+def engine_metrics(samples: Sequence[Sample]) -> EngineMetrics | None:
+    """EngineMetrics from vLLM or SGLang samples, or None if neither is present."""
+    running = _sum(samples, RUNNING_NAMES)
+    waiting = _sum(samples, WAITING_NAMES)
+    if running is None and waiting is None:
+        return None
+    source_name = (running or waiting or (0.0, ""))[1]
+    kv_values = [s.value for s in samples if s.name in KV_NAMES and math.isfinite(s.value)]
+    kv = max(kv_values) if kv_values else None
+    return EngineMetrics(
+        num_running=max(0, round(running[0])) if running else 0,
+        num_waiting=max(0, round(waiting[0])) if waiting else 0,
+        kv_used_frac=None if kv is None else min(1.0, max(0.0, kv)),
+        source=source_name.split(":", 1)[0],
+    )
+
+
+@dataclass
+class ReconcileStats:
+    scrapes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+
+
+class MetricsReconciler:
+    """Async loop: every `period_s`, GET each worker's metrics URL and call
+    `router.reconcile_from_metrics`. Start it with the app, stop it with the app.
+
+    `urls[i]` is worker i's metrics URL (e.g. "http://host:8000/metrics");
+    None skips that worker.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        urls: Sequence[str | None],
+        *,
+        period_s: float | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.router = router
+        self.urls = list(urls)
+        self.period_s = router.config.reconcile_period_s if period_s is None else period_s
+        self.timeout_s = timeout_s
+        self.stats = ReconcileStats()
+        self._task: asyncio.Task[None] | None = None
+
+    async def scrape_once(self) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for worker, url in enumerate(self.urls):
+                if url is None:
+                    continue
+                try:
+                    async with session.get(url) as resp:
+                        if resp.status != 200:
+                            self.stats.failures[f"http_{resp.status}"] += 1
+                            continue
+                        text = await resp.text()
+                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                    self.stats.failures[type(exc).__name__] += 1
+                    continue
+                metrics = engine_metrics(parse_prometheus_text(text))
+                if metrics is None:
+                    self.stats.failures["no_known_metrics"] += 1
+                    continue
+                self.router.reconcile_from_metrics(worker, metrics)
+        self.stats.scrapes += 1
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.scrape_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop outlives any one bad scrape
+                self.stats.failures["exception"] += 1
+                log.exception("metrics reconcile failed")
+            await asyncio.sleep(self.period_s)
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

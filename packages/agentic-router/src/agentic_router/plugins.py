@@ -1,0 +1,176 @@
+"""The plugin-manager factory and the per-Router component registry.
+
+`make_plugin_manager()` builds a fresh pluggy PluginManager (no global): it
+adds the hookspecs, registers the built-ins (`agentic_router.builtin`) and
+loads the entry-point group ``agentic_router``, optionally limited to an
+allow-list of entry-point names (`allow`, or AGENTIC_ROUTER_PLUGINS, a comma
+list; "" loads none). A plugin that fails to import is logged and recorded in
+`pm.agentic_failed`, never fatal to the router.
+
+`Components.collect(pm, config)` calls the registration hooks once and
+indexes scorers, filters and policies by name; a duplicate name is an error
+(two plugins cannot silently shadow each other).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import pluggy
+
+from agentic_router import builtin, hookspecs
+from agentic_router.policy import DecodeSelector, Filter, PolicySpec, Scorer
+
+if TYPE_CHECKING:
+    from agentic_router.core import RouterConfig
+
+log = logging.getLogger("agentic_router.plugins")
+
+ENTRY_POINT_GROUP = "agentic_router"
+ALLOW_ENV = "AGENTIC_ROUTER_PLUGINS"
+BUILTIN_NAME = "builtin"
+
+
+def _allow_from_env() -> frozenset[str] | None:
+    raw = os.environ.get(ALLOW_ENV)
+    if raw is None or raw.strip() == "*":
+        return None
+    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+def make_plugin_manager(
+    *,
+    allow: Iterable[str] | None = None,
+    load_entry_points: bool = True,
+    plugins: Sequence[object] = (),
+) -> pluggy.PluginManager:
+    """A new plugin manager with the built-ins, installed plugins and `plugins`.
+
+    allow: entry-point names to load (None: AGENTIC_ROUTER_PLUGINS, else all).
+    plugins: extra plugin objects or modules to register directly (tests).
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(builtin, name=BUILTIN_NAME)
+    failed: dict[str, str] = {}
+    skipped: list[str] = []
+    if load_entry_points:
+        allowed = frozenset(allow) if allow is not None else _allow_from_env()
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if allowed is not None and ep.name not in allowed:
+                skipped.append(ep.name)
+                continue
+            if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+                pm.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken plugin must not take the router down
+                failed[ep.name] = repr(exc)
+                log.exception("agentic_router plugin %r failed to load", ep.name)
+    for plugin in plugins:
+        pm.register(plugin)
+    pm.agentic_failed = failed  # type: ignore[attr-defined]
+    pm.agentic_skipped = skipped  # type: ignore[attr-defined]
+    return pm
+
+
+def _plugin_name(pm: pluggy.PluginManager, impl: Any) -> str:
+    name = pm.get_name(impl.plugin)
+    return str(name) if name is not None else repr(impl.plugin)
+
+
+@dataclass
+class Components:
+    scorers: dict[str, Scorer] = field(default_factory=dict)
+    filters: dict[str, Filter] = field(default_factory=dict)
+    policies: dict[str, PolicySpec] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)  # "scorer:x" -> plugin name
+
+    @classmethod
+    def collect(cls, pm: pluggy.PluginManager, config: RouterConfig) -> Components:
+        comp = cls()
+        for kind, hook, target in (
+            ("scorer", pm.hook.agentic_router_scorers, comp.scorers),
+            ("filter", pm.hook.agentic_router_filters, comp.filters),
+            ("policy", pm.hook.agentic_router_policies, comp.policies),
+        ):
+            for impl in reversed(hook.get_hookimpls()):  # registration order
+                result = cast("Sequence[Any] | None", impl.function(config=config))
+                for obj in result or ():
+                    name = obj.name
+                    key = f"{kind}:{name}"
+                    if name in target:
+                        raise ValueError(
+                            f"{kind} {name!r} is registered by both "
+                            f"{comp.origin[key]!r} and {_plugin_name(pm, impl)!r}"
+                        )
+                    target[name] = obj
+                    comp.origin[key] = _plugin_name(pm, impl)
+        for spec in comp.policies.values():
+            comp.check_policy(spec)
+        return comp
+
+    def check_policy(self, spec: PolicySpec) -> None:
+        from agentic_router.policy import TIE_FEATURES
+
+        for name, weight in spec.scorers:
+            if name not in self.scorers:
+                raise ValueError(f"policy {spec.name!r} uses unknown scorer {name!r}")
+            if not isinstance(weight, int | float):
+                raise ValueError(f"policy {spec.name!r}: weight of {name!r} is not a number")
+        for name in spec.filters:
+            if name not in self.filters:
+                raise ValueError(f"policy {spec.name!r} uses unknown filter {name!r}")
+        for name in spec.tie_break:
+            if name not in TIE_FEATURES:
+                raise ValueError(f"policy {spec.name!r}: unknown tie-break feature {name!r}")
+
+
+def build_decode_selector(spec: PolicySpec, config: RouterConfig) -> DecodeSelector | None:
+    return None if spec.decode_selector is None else spec.decode_selector(config)
+
+
+def describe(pm: pluggy.PluginManager, config: RouterConfig) -> dict[str, Any]:
+    """What is installed: plugins, scorers, filters, policies (for `agentic-router plugins`)."""
+    comp = Components.collect(pm, config)
+    dists: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            dists[ep.name] = f"{dist.metadata['Name']} {dist.version}"
+    return {
+        "plugins": [
+            {
+                "name": name,
+                "distribution": dists.get(name or "", "built-in" if name == BUILTIN_NAME else ""),
+            }
+            for name, _ in pm.list_name_plugin()
+        ],
+        "failed": dict(getattr(pm, "agentic_failed", {})),
+        "not_allowed": list(getattr(pm, "agentic_skipped", [])),
+        "scorers": {
+            n: {"plugin": comp.origin[f"scorer:{n}"], "description": s.description}
+            for n, s in comp.scorers.items()
+        },
+        "filters": {
+            n: {"plugin": comp.origin[f"filter:{n}"], "description": f.description}
+            for n, f in comp.filters.items()
+        },
+        "policies": {
+            n: {
+                "plugin": comp.origin[f"policy:{n}"],
+                "description": p.description,
+                "filters": list(p.filters),
+                "scorers": {s: w for s, w in p.scorers},
+                "tie_break": list(p.tie_break),
+                "decode_selector": p.decode_selector is not None,
+            }
+            for n, p in comp.policies.items()
+        },
+    }

@@ -1,0 +1,200 @@
+"""The policy pipeline's types: filters -> scorers -> picker.
+
+A policy (PolicySpec) names filters and weighted scorers registered through
+the plugin hooks. For one request the Router builds a ScoringContext over the
+candidate workers; each filter may drop candidates (never all of them); each
+scorer returns one cost per candidate; the total is the weighted sum; the
+picker takes the lowest total, breaking ties by the policy's tie-break
+features and finally by rotation (worker index offset by the decision
+number), so ties never all land on worker 0 and the outcome is deterministic.
+
+This module defines shapes only; the built-in implementations live in
+`agentic_router.builtin`, the driver in `agentic_router.core`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from agentic_router.instance import InstanceState
+
+if TYPE_CHECKING:
+    from agentic_router.core import RouterConfig, RoutingRequest
+    from agentic_router.state import PromptRegistry
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Returns one cost per candidate (lower is better)."""
+
+    name: str
+    description: str
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class Filter(Protocol):
+    """Returns one keep-flag per candidate."""
+
+    name: str
+    description: str
+
+    def keep(self, ctx: ScoringContext) -> Sequence[bool]: ...
+
+
+@runtime_checkable
+class DecodeSelector(Protocol):
+    """Chooses a decode worker after the prefill worker is picked (P/D, Mechanism B).
+
+    Returning None means "decode where the prefill ran" (aggregated). A
+    selector may also define ``on_event(event: RouterEvent) -> None`` to keep
+    state (residency, reject counters, recent migrations).
+    """
+
+    def select(self, ctx: ScoringContext, prefill_worker: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A named pipeline. `scorers` pairs scorer names with weights."""
+
+    name: str
+    description: str
+    scorers: tuple[tuple[str, float], ...]
+    filters: tuple[str, ...] = ()
+    # features compared after the total, before rotation (see TIE_FEATURES)
+    tie_break: tuple[str, ...] = ()
+    decode_selector: Callable[[RouterConfig], DecodeSelector] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouterEvent:
+    """What observers see after an event was applied (see hook agentic_router_event)."""
+
+    kind: str  # "add" | "prefill_completed" | "free" | any Router.notify kind
+    request_id: str | None
+    worker: int | None
+    session_id: str | None
+    ts: float
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+TIE_FEATURES = (
+    "uncached_tokens",
+    "cached_tokens",
+    "eff_num_requests",
+    "eff_ongoing_tokens",
+    "eff_pending_prefill",
+    "eff_ongoing_decode",
+)
+
+
+class ScoringContext:
+    """Everything a filter or scorer may read about one request's candidates.
+
+    Lists are aligned with `candidates`. Prefix matching is computed lazily,
+    once, on first use. Scorers may leave notes (`notes`) that end up in the
+    decision record; `notes["reason"]` becomes the Decision's reason.
+    """
+
+    def __init__(
+        self,
+        *,
+        request: RoutingRequest,
+        candidates: list[int],
+        states: list[InstanceState],
+        num_workers: int,
+        home: int | None,
+        seq: int,
+        now: float,
+        config: RouterConfig,
+        registry: PromptRegistry,
+        rng: random.Random,
+        notes: dict[str, Any] | None = None,
+    ) -> None:
+        self.request = request
+        self.candidates = candidates
+        self.states = states
+        self.num_workers = num_workers
+        self.home = home
+        self.seq = seq
+        self.now = now
+        self.config = config
+        self.registry = registry
+        self.rng = rng
+        self.notes: dict[str, Any] = {} if notes is None else notes
+
+    def narrow(self, keep: Sequence[bool]) -> ScoringContext:
+        """A context over the kept candidates (prefix matches carried over)."""
+        ctx = ScoringContext(
+            request=self.request,
+            candidates=[c for c, k in zip(self.candidates, keep, strict=True) if k],
+            states=[s for s, k in zip(self.states, keep, strict=True) if k],
+            num_workers=self.num_workers,
+            home=self.home,
+            seq=self.seq,
+            now=self.now,
+            config=self.config,
+            registry=self.registry,
+            rng=self.rng,
+            notes=self.notes,
+        )
+        if "cached_blocks" in self.__dict__:
+            ctx.__dict__["cached_blocks"] = [
+                b for b, k in zip(self.cached_blocks, keep, strict=True) if k
+            ]
+        return ctx
+
+    @cached_property
+    def cached_blocks(self) -> list[int]:
+        return self.registry.matched_blocks(self.request.block_hashes, self.candidates)
+
+    @cached_property
+    def cached_tokens(self) -> list[int]:
+        bs = self.request.block_size
+        p = self.request.prompt_tokens
+        return [min(p, b * bs) for b in self.cached_blocks]
+
+    @cached_property
+    def uncached_tokens(self) -> list[int]:
+        p = self.request.prompt_tokens
+        return [p - c for c in self.cached_tokens]
+
+    @cached_property
+    def eff_num_requests(self) -> list[int]:
+        return [s.eff_num_requests for s in self.states]
+
+    @cached_property
+    def eff_ongoing_tokens(self) -> list[int]:
+        return [s.eff_ongoing_tokens for s in self.states]
+
+    @cached_property
+    def eff_pending_prefill(self) -> list[int]:
+        return [s.eff_pending_prefill for s in self.states]
+
+    @cached_property
+    def eff_ongoing_decode(self) -> list[int]:
+        return [s.eff_ongoing_decode for s in self.states]
+
+    def feature(self, name: str) -> Sequence[float]:
+        if name not in TIE_FEATURES:
+            raise ValueError(f"unknown tie-break feature {name!r}; known: {TIE_FEATURES}")
+        values: Sequence[float] = getattr(self, name)
+        return values
+
+    def rotation(self) -> list[int]:
+        """(worker - seq) mod n: the last tie-break, and round-robin's score."""
+        n = self.num_workers
+        s = self.seq
+        return [(c - s) % n for c in self.candidates]
+
+    def index_of(self, worker: int) -> int | None:
+        try:
+            return self.candidates.index(worker)
+        except ValueError:
+            return None

@@ -1,0 +1,449 @@
+"""Sequence state: who owns which request, and the load and prefixes that follow.
+
+A one-way write DAG (DESIGN §3):
+
+    event (AddRequest / MarkPrefillCompleted / Free)
+      -> write model, authoritative:  WorkerTable, RequestIndex, ActiveSequences
+      -> read model, derived:         PromptRegistry (per-worker load projection,
+                                       prefix-block membership, session homes)
+
+The read model never writes back. It is bounded (capacity per worker, LRU,
+TTL) so a long run does not grow without bound; losing an entry costs routing
+quality, never ownership. The write model's invariants: every active request
+has exactly one owner until freed, counts never go negative, Free is
+idempotent, and unknown ids and duplicates are counted in `SequenceState.anomalies`
+instead of raising.
+
+This module owns no clock of its own (time is passed in) and knows nothing of
+engines, policies or HTTP.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+# Anomaly counter keys (SequenceState.anomalies).
+DUPLICATE_ADD: Final = "duplicate_add"
+UNKNOWN_PREFILL_DONE: Final = "unknown_prefill_completed"
+DUPLICATE_PREFILL_DONE: Final = "duplicate_prefill_completed"
+LATE_PREFILL_DONE: Final = "prefill_completed_after_free"
+UNKNOWN_FREE: Final = "unknown_free"
+DUPLICATE_FREE: Final = "duplicate_free"
+RECONCILED_FREE: Final = "reconciled_free"
+
+
+class WorkerTable:
+    """Worker identity -> slot. Slots are dense 0..n-1 in the order given."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        if not names:
+            raise ValueError("a router needs at least one worker")
+        if len(set(names)) != len(names):
+            raise ValueError(f"worker names must be unique: {list(names)}")
+        self._names = tuple(names)
+        self._slots = {name: i for i, name in enumerate(self._names)}
+        self._healthy = [True] * len(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self._names
+
+    def slot(self, name: str) -> int:
+        try:
+            return self._slots[name]
+        except KeyError:
+            raise KeyError(f"unknown worker {name!r}; known: {list(self._names)}") from None
+
+    def name(self, slot: int) -> str:
+        return self._names[slot]
+
+    def check(self, slot: int) -> int:
+        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < len(self):
+            raise ValueError(f"worker must be an int in 0..{len(self) - 1}, got {slot!r}")
+        return slot
+
+    def set_healthy(self, slot: int, healthy: bool) -> None:
+        self._healthy[self.check(slot)] = healthy
+
+    def healthy(self, slot: int) -> bool:
+        return self._healthy[slot]
+
+
+@dataclass(slots=True)
+class SequenceEntry:
+    """One active request on one worker (write model)."""
+
+    request_id: str
+    worker: int
+    session_id: str | None
+    prompt_tokens: int
+    prefill_tokens: int  # prompt tokens not cached on the worker when added
+    blocks: int
+    added_at: float
+    decoding: bool = False
+
+
+@dataclass(slots=True)
+class WorkerLoad:
+    """Aggregates of one worker's active requests (the shadow load)."""
+
+    num_requests: int = 0
+    pending_prefill_tokens: int = 0
+    num_prefilling: int = 0
+    num_decoding: int = 0
+    ongoing_decode_tokens: int = 0
+    blocks: int = 0
+
+    def copy(self) -> WorkerLoad:
+        return WorkerLoad(
+            self.num_requests,
+            self.pending_prefill_tokens,
+            self.num_prefilling,
+            self.num_decoding,
+            self.ongoing_decode_tokens,
+            self.blocks,
+        )
+
+
+class RequestIndex:
+    """Request id -> owning worker, plus a bounded memory of recently freed ids
+    (to tell a duplicate Free from a Free of an id never seen)."""
+
+    def __init__(self, freed_memory: int = 65536) -> None:
+        self._owner: dict[str, int] = {}
+        self._freed: OrderedDict[str, None] = OrderedDict()
+        self._freed_memory = freed_memory
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._owner
+
+    def owner(self, request_id: str) -> int | None:
+        return self._owner.get(request_id)
+
+    def add(self, request_id: str, worker: int) -> None:
+        self._owner[request_id] = worker
+        self._freed.pop(request_id, None)
+
+    def remove(self, request_id: str) -> None:
+        del self._owner[request_id]
+        self._freed[request_id] = None
+        while len(self._freed) > self._freed_memory:
+            self._freed.popitem(last=False)
+
+    def recently_freed(self, request_id: str) -> bool:
+        return request_id in self._freed
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return iter(self._owner.items())
+
+
+class ActiveSequences:
+    """Per worker: its active requests and their aggregate load (authoritative)."""
+
+    def __init__(self, num_workers: int) -> None:
+        self._entries: list[dict[str, SequenceEntry]] = [{} for _ in range(num_workers)]
+        self._load: list[WorkerLoad] = [WorkerLoad() for _ in range(num_workers)]
+
+    def load(self, worker: int) -> WorkerLoad:
+        return self._load[worker]
+
+    def entries(self, worker: int) -> dict[str, SequenceEntry]:
+        return self._entries[worker]
+
+    def get(self, worker: int, request_id: str) -> SequenceEntry | None:
+        return self._entries[worker].get(request_id)
+
+    def add(self, entry: SequenceEntry) -> None:
+        self._entries[entry.worker][entry.request_id] = entry
+        load = self._load[entry.worker]
+        load.num_requests += 1
+        load.pending_prefill_tokens += entry.prefill_tokens
+        load.num_prefilling += 1
+        load.blocks += entry.blocks
+
+    def prefill_completed(self, entry: SequenceEntry) -> None:
+        load = self._load[entry.worker]
+        entry.decoding = True
+        load.pending_prefill_tokens -= entry.prefill_tokens
+        load.num_prefilling -= 1
+        load.num_decoding += 1
+        load.ongoing_decode_tokens += entry.prompt_tokens
+
+    def remove(self, entry: SequenceEntry) -> None:
+        del self._entries[entry.worker][entry.request_id]
+        load = self._load[entry.worker]
+        load.num_requests -= 1
+        load.blocks -= entry.blocks
+        if entry.decoding:
+            load.num_decoding -= 1
+            load.ongoing_decode_tokens -= entry.prompt_tokens
+        else:
+            load.pending_prefill_tokens -= entry.prefill_tokens
+            load.num_prefilling -= 1
+
+
+@dataclass
+class _WorkerBlocks:
+    # hash -> last touch time; order = recency (front is least recently used)
+    lru: OrderedDict[int, float] = field(default_factory=OrderedDict)
+
+
+class PromptRegistry:
+    """Derived read model: per-worker load projection, which worker holds which
+    prefix blocks, and each session's home worker. Bounded memory.
+
+    Prefix membership is prefix-closed per worker: touching a chain refreshes
+    its blocks from the last to the first, so eviction (least recently used
+    first) always drops a chain's tail before its head, and "worker holds
+    block i" keeps implying "worker holds blocks 0..i".
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        *,
+        capacity_blocks: int = 16384,
+        ttl_s: float = 600.0,
+        session_capacity: int = 100_000,
+        session_ttl_s: float = 3600.0,
+    ) -> None:
+        if capacity_blocks <= 0 or session_capacity <= 0:
+            raise ValueError("registry capacities must be positive")
+        self.capacity_blocks = capacity_blocks
+        self.ttl_s = ttl_s
+        self.session_capacity = session_capacity
+        self.session_ttl_s = session_ttl_s
+        self._workers = [_WorkerBlocks() for _ in range(num_workers)]
+        self._holders: dict[int, set[int]] = {}
+        self._loads = [WorkerLoad() for _ in range(num_workers)]
+        # session -> (home worker, last seen); order = recency
+        self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.evicted_blocks = 0
+        self.evicted_sessions = 0
+
+    # -- load projection -------------------------------------------------
+    def project_load(self, worker: int, load: WorkerLoad) -> None:
+        self._loads[worker] = load.copy()
+
+    def load(self, worker: int) -> WorkerLoad:
+        return self._loads[worker]
+
+    # -- prefix membership -----------------------------------------------
+    def touch(self, worker: int, block_hashes: Sequence[int], now: float) -> None:
+        lru = self._workers[worker].lru
+        holders = self._holders
+        for h in reversed(block_hashes):
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                ws = holders.get(h)
+                if ws is None:
+                    holders[h] = {worker}
+                else:
+                    ws.add(worker)
+            lru[h] = now
+        self._evict(worker, now)
+
+    def _evict(self, worker: int, now: float) -> None:
+        lru = self._workers[worker].lru
+        cutoff = now - self.ttl_s
+        while lru:
+            h, ts = next(iter(lru.items()))
+            if len(lru) <= self.capacity_blocks and ts >= cutoff:
+                break
+            lru.popitem(last=False)
+            ws = self._holders.get(h)
+            if ws is not None:
+                ws.discard(worker)
+                if not ws:
+                    del self._holders[h]
+            self.evicted_blocks += 1
+
+    def expire(self, now: float) -> None:
+        """Drop entries older than their TTL everywhere (call now and then)."""
+        for worker in range(len(self._workers)):
+            self._evict(worker, now)
+        cutoff = now - self.session_ttl_s
+        while self._sessions:
+            _, (_, ts) = next(iter(self._sessions.items()))
+            if ts >= cutoff:
+                break
+            self._sessions.popitem(last=False)
+            self.evicted_sessions += 1
+
+    def matched_blocks(self, block_hashes: Sequence[int], candidates: Iterable[int]) -> list[int]:
+        """For each candidate worker, how many leading blocks of the chain it holds."""
+        cands = list(candidates)
+        out = dict.fromkeys(cands, 0)
+        if not block_hashes:
+            return [0] * len(cands)
+        alive = self._holders.get(block_hashes[0])
+        if not alive:
+            return [0] * len(cands)
+        alive = alive & set(cands)
+        depth = 1
+        for h in block_hashes[1:]:
+            if not alive:
+                break
+            nxt = self._holders.get(h)
+            still = alive & nxt if nxt else set()
+            for w in alive - still:
+                out[w] = depth
+            alive = still
+            depth += 1
+        for w in alive:
+            out[w] = depth
+        return [out[w] for w in cands]
+
+    def blocks_held(self, worker: int) -> int:
+        return len(self._workers[worker].lru)
+
+    def total_blocks(self) -> int:
+        return sum(len(w.lru) for w in self._workers)
+
+    # -- session homes ---------------------------------------------------
+    def bind_session(self, session_id: str, worker: int, now: float) -> None:
+        sessions = self._sessions
+        sessions[session_id] = (worker, now)
+        sessions.move_to_end(session_id)
+        while len(sessions) > self.session_capacity:
+            sessions.popitem(last=False)
+            self.evicted_sessions += 1
+
+    def session_home(self, session_id: str | None, now: float) -> int | None:
+        if session_id is None:
+            return None
+        entry = self._sessions.get(session_id)
+        if entry is None or now - entry[1] > self.session_ttl_s:
+            return None
+        return entry[0]
+
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+
+class SequenceState:
+    """Applies events to the write model first, then projects into the registry."""
+
+    def __init__(
+        self,
+        workers: WorkerTable,
+        registry: PromptRegistry,
+        *,
+        freed_memory: int = 65536,
+    ) -> None:
+        self.workers = workers
+        self.index = RequestIndex(freed_memory)
+        self.active = ActiveSequences(len(workers))
+        self.registry = registry
+        self.anomalies: Counter[str] = Counter()
+
+    def add_request(
+        self,
+        request_id: str,
+        worker: int,
+        *,
+        session_id: str | None,
+        prompt_tokens: int,
+        block_hashes: Sequence[int],
+        block_size: int,
+        now: float,
+    ) -> SequenceEntry | None:
+        """AddRequest. Returns the new entry, or None for a duplicate (counted)."""
+        self.workers.check(worker)
+        if request_id in self.index:
+            self.anomalies[DUPLICATE_ADD] += 1
+            return None
+        prompt_tokens = max(0, int(prompt_tokens))
+        cached = self.registry.matched_blocks(block_hashes, (worker,))[0] * block_size
+        entry = SequenceEntry(
+            request_id=request_id,
+            worker=worker,
+            session_id=session_id,
+            prompt_tokens=prompt_tokens,
+            prefill_tokens=max(0, prompt_tokens - cached),
+            blocks=-(-prompt_tokens // block_size) if block_size > 0 else 0,
+            added_at=now,
+        )
+        self.index.add(request_id, worker)
+        self.active.add(entry)
+        # projection (read model) strictly after the authoritative write
+        self.registry.project_load(worker, self.active.load(worker))
+        self.registry.touch(worker, block_hashes, now)
+        if session_id is not None:
+            self.registry.bind_session(session_id, worker, now)
+        return entry
+
+    def mark_prefill_completed(self, request_id: str) -> SequenceEntry | None:
+        worker = self.index.owner(request_id)
+        if worker is None:
+            key = LATE_PREFILL_DONE if self.index.recently_freed(request_id) else None
+            self.anomalies[key or UNKNOWN_PREFILL_DONE] += 1
+            return None
+        entry = self.active.get(worker, request_id)
+        assert entry is not None, "RequestIndex and ActiveSequences disagree"
+        if entry.decoding:
+            self.anomalies[DUPLICATE_PREFILL_DONE] += 1
+            return None
+        self.active.prefill_completed(entry)
+        self.registry.project_load(worker, self.active.load(worker))
+        return entry
+
+    def free(self, request_id: str, *, reason: str | None = None) -> SequenceEntry | None:
+        worker = self.index.owner(request_id)
+        if worker is None:
+            dup = self.index.recently_freed(request_id)
+            self.anomalies[DUPLICATE_FREE if dup else UNKNOWN_FREE] += 1
+            return None
+        entry = self.active.get(worker, request_id)
+        assert entry is not None, "RequestIndex and ActiveSequences disagree"
+        self.active.remove(entry)
+        self.index.remove(request_id)
+        if reason is not None:
+            self.anomalies[reason] += 1
+        self.registry.project_load(worker, self.active.load(worker))
+        return entry
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the write model is inconsistent (tests, debugging)."""
+        seen: set[str] = set()
+        for worker in range(len(self.workers)):
+            agg = WorkerLoad()
+            for rid, e in self.active.entries(worker).items():
+                assert rid == e.request_id
+                assert e.worker == worker
+                assert rid not in seen, f"{rid} owned twice"
+                seen.add(rid)
+                assert self.index.owner(rid) == worker, f"{rid} index disagrees"
+                agg.num_requests += 1
+                agg.blocks += e.blocks
+                if e.decoding:
+                    agg.num_decoding += 1
+                    agg.ongoing_decode_tokens += e.prompt_tokens
+                else:
+                    agg.num_prefilling += 1
+                    agg.pending_prefill_tokens += e.prefill_tokens
+            load = self.active.load(worker)
+            assert load == agg, f"worker {worker}: {load} != {agg}"
+            assert (
+                min(
+                    load.num_requests,
+                    load.pending_prefill_tokens,
+                    load.num_prefilling,
+                    load.num_decoding,
+                    load.ongoing_decode_tokens,
+                    load.blocks,
+                )
+                >= 0
+            )
+            assert self.registry.load(worker) == load, "projection lags the write model"
+        assert len(seen) == len(self.index), "index holds ids no worker owns"
