@@ -1,0 +1,171 @@
+"""The publisher: one daemon thread per scheduler, off the forward path.
+
+Owns the thread's lifetime and the writer. It holds the scheduler only through
+a weak reference (and a strong one just for the microseconds a snapshot
+takes), so it never keeps an engine alive; it exits when the scheduler is
+garbage-collected, when `stop()` is called (scheduler shutdown, `revert()`,
+interpreter exit), and it withdraws its own snapshot on the way out when that
+can be done safely. Nothing it does may raise into vLLM: every failure is
+counted and logged at most once per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentic_common import Freshness, StateWriter, open_reader
+from agentic_common._transport import RateLimitedLog
+from vllm_engine_state._protocols import SchedulerLike
+from vllm_engine_state._snapshot import compute_snapshot
+
+log = logging.getLogger("vllm.plugins.engine_state")
+
+# Attribute the step hook sets on a scheduler instance: wall-clock time of its
+# last schedule() call. One attribute store per engine step (O(1)).
+LAST_STEP_ATTR = "_agentic_engine_state_last_step_ts"
+
+# A snapshot that fails this many times in a row with the same kind of error is
+# not transient: the scheduler lacks what we read. Stop publishing, say why once.
+MAX_CONSECUTIVE_FAILURES = 20
+
+
+@dataclass
+class PublisherStats:
+    snapshots: int = 0
+    published: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    withdrawn: bool = False
+    stop_reason: str | None = None
+
+
+class Publisher:
+    def __init__(
+        self,
+        scheduler: SchedulerLike,
+        engine_id: str,
+        writer: StateWriter,
+        period_s: float,
+        *,
+        uri: str | None = None,
+        snapshot: Callable[..., Any] = compute_snapshot,
+    ) -> None:
+        self.engine_id = engine_id
+        self.period_s = period_s
+        self.stats = PublisherStats()
+        self.seq = 0
+        self._uri = uri
+        self._writer = writer
+        self._snapshot = snapshot
+        self._ref = weakref.ref(scheduler)
+        self._created_ts = time.time()
+        self._last_published_seq: int | None = None
+        self._stop = threading.Event()
+        self._fail_log = RateLimitedLog()
+        self._thread = threading.Thread(
+            target=self._run, name=f"agentic-engine-state-{engine_id}", daemon=True
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Ask the thread to exit and wait for it a bounded time. Idempotent."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def publish_once(self) -> bool:
+        """Take one snapshot and publish it. False when the scheduler is gone."""
+        scheduler = self._ref()
+        if scheduler is None:
+            return False
+        try:
+            last_step = getattr(scheduler, LAST_STEP_ATTR, self._created_ts)
+            state = self._snapshot(scheduler, self.engine_id, seq=self.seq, last_step_ts=last_step)
+        finally:
+            del scheduler  # never hold the engine across the sleep
+        self.stats.snapshots += 1
+        if self._writer.publish(state):
+            self.stats.published += 1
+            self._last_published_seq = self.seq
+        else:
+            self.stats.failures += 1
+        self.seq += 1
+        return True
+
+    def _run(self) -> None:
+        consecutive = 0
+        next_due = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not self.publish_once():
+                        self.stats.stop_reason = "scheduler gone"
+                        break
+                    consecutive = 0
+                except Exception as exc:  # our bug or a vLLM change: never the engine's problem
+                    consecutive += 1
+                    self.stats.failures += 1
+                    self.stats.last_error = repr(exc)
+                    if consecutive >= MAX_CONSECUTIVE_FAILURES:
+                        self.stats.stop_reason = f"snapshot keeps failing: {exc!r}"
+                        log.error(
+                            "vllm-engine-state: engine %s stops publishing, the snapshot failed "
+                            "%d times in a row (last: %r); vLLM itself is unaffected",
+                            self.engine_id,
+                            consecutive,
+                            exc,
+                        )
+                        break
+                    self._fail_log.warning(
+                        "vllm-engine-state: snapshot of engine %s failed: %r", self.engine_id, exc
+                    )
+                # Fixed rate, not fixed sleep; after a stall (GIL held by a long
+                # step) publish at once rather than trying to catch up.
+                next_due += self.period_s
+                now = time.monotonic()
+                next_due = max(next_due, now)
+                self._stop.wait(next_due - now)
+            else:
+                self.stats.stop_reason = self.stats.stop_reason or "stopped"
+        finally:
+            self._withdraw()
+            self._writer.close()
+
+    def _withdraw(self) -> None:
+        """Remove our snapshot, but only if the stored one is the last we wrote.
+
+        Another process may publish under the same id (a restarted engine
+        overlapping the old one's shutdown); its snapshot is left alone. A
+        snapshot we cannot identify is left to go stale, which readers handle.
+        """
+        if self._last_published_seq is None or self._uri is None:
+            return
+        try:
+            reader = open_reader(self._uri, Freshness(max_age_s=math.inf, max_skew_s=math.inf))
+            try:
+                stored = reader.read_all().get(self.engine_id)
+            finally:
+                reader.close()
+            if (
+                stored is not None
+                and stored.pid == os.getpid()
+                and stored.seq == self._last_published_seq
+            ):
+                self._writer.remove(self.engine_id)
+                self.stats.withdrawn = True
+        except Exception as exc:
+            log.warning("vllm-engine-state: could not withdraw engine %s: %r", self.engine_id, exc)
