@@ -1,0 +1,219 @@
+"""The simulator's side of the Router contract: every call the HTTP proxy makes,
+made at the same moments in virtual time.
+
+Owns the mapping between the simulation's global engine indices and each
+Router's worker slots, the JSONL logs (through the core's `JsonlLogs`, so the
+simulator and the proxy write one format), and nothing else. Routing decisions
+come only from `Router.decide`.
+
+Topologies:
+* aggregated (`8`): one Router over every engine. A policy whose decision
+  carries a `decode_worker` different from `worker` (Mechanism B) gets exactly
+  that: prefill on `worker`, KV moved to and decode on `decode_worker`.
+* disaggregated (`1P3D`): a prefill Router over the P engines runs the policy;
+  the decode instance is the Router's `decode_worker` when the policy's decode
+  selector names one, else a second Router over the D engines decides it with
+  `decode_policy` (default: the same policy), as a P/D proxy that routes both
+  stages does. Each Router sees only its own engines' feed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from agentic_common import EngineState
+
+from agentic_router.sim._engine import EngineMetricsSample, SimRequest
+
+if TYPE_CHECKING:
+    from agentic_router._logs import JsonlLogs
+    from agentic_router.core import Router, RoutingRequest
+    from agentic_router.sim._sim import SimConfig, Simulation
+
+AGGREGATED = "aggregated"
+PD = "pd"
+
+
+class RouterDriver:
+    def __init__(self, sim: Simulation, config: SimConfig) -> None:
+        from agentic_router.core import Router, RouterConfig
+        from agentic_router.plugins import make_plugin_manager
+
+        self.sim = sim
+        topo = config.topology
+        options = dict(config.router_options)
+        decode_policy = str(options.pop("decode_policy", config.policy))
+        base = RouterConfig(
+            seed=config.seed,
+            max_age_s=config.max_age_s,
+            feed_period_s=1.0 / config.feed_hz,
+            reconcile_period_s=config.reconcile_period_s,
+            **options,
+        )
+        pm = make_plugin_manager()
+        clock = sim.clock
+        self.pd = topo.disaggregated
+        self.names = topo.names
+        if self.pd:
+            self.n_prefill = len(topo.prefill)
+            self.prefill = Router(
+                topo.prefill,
+                config.policy,
+                config=replace(base, engine_map={n: i for i, n in enumerate(topo.prefill)}),
+                plugin_manager=pm,
+                clock=clock,
+            )
+            self.decode: Router | None = Router(
+                topo.decode,
+                decode_policy,
+                config=replace(base, engine_map={n: i for i, n in enumerate(topo.decode)}),
+                plugin_manager=pm,
+                clock=clock,
+            )
+        else:
+            self.n_prefill = 0
+            self.prefill = Router(topo.decode, config.policy, config=base, plugin_manager=pm,
+                                  clock=clock)
+            self.decode = None
+        self.logs: JsonlLogs | None = None
+        if config.log_dir is not None:
+            from agentic_router._logs import JsonlLogs
+
+            self.logs = JsonlLogs(config.log_dir, clock=clock, background=False)
+        self._routing: dict[str, RoutingRequest] = {}
+        self.decode_decisions = 0
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def route(self, req: SimRequest) -> tuple[int, int | None, str]:
+        """Decide and reserve (AddRequest) like the proxy; return global
+        (prefill/aggregated engine, decode engine or None, mode)."""
+        from agentic_router.core import RoutingRequest
+
+        rr = RoutingRequest(
+            request_id=req.request_id,
+            session_id=req.session_id,
+            prompt_tokens=req.prompt_tokens,
+            block_hashes=req.block_hashes,
+            block_size=self.sim.trace.block_size,
+            max_tokens=req.output_tokens,
+        )
+        decision = self.prefill.decide(rr)
+        self.prefill.add_request(rr, decision.worker)
+        worker = decision.worker
+        decode: int | None = None
+        if self.pd:
+            assert self.decode is not None
+            if decision.decode_worker is not None:
+                decode = self.n_prefill + decision.decode_worker
+                self.decode.add_request(rr, decision.decode_worker)
+            else:
+                d = self.decode.decide(rr)
+                self.decode.add_request(rr, d.worker)
+                self.decode_decisions += 1
+                decode = self.n_prefill + d.worker
+                if self.logs is not None:
+                    self.logs.decision(req.request_id, req.session_id, d.to_log(), stage="decode")
+        elif decision.decode_worker is not None and decision.decode_worker != worker:
+            decode = decision.decode_worker
+        mode = PD if decode is not None else AGGREGATED
+        self._routing[req.request_id] = rr
+        if self.logs is not None:
+            self.logs.decision(
+                req.request_id, req.session_id, decision.to_log(), stage="prefill" if self.pd
+                else "aggregated"
+            )
+            worker_name = self.names[worker]
+            decode_name = None if decode is None else self.names[decode]
+            if req.session_id is not None:
+                self.logs.session_binding(
+                    req.session_id,
+                    worker_name,
+                    mode=mode,
+                    decode_worker=decode_name,
+                    request_id=req.request_id,
+                )
+        return worker, decode, mode
+
+    def admitted(self, req: SimRequest, mode: str, admitted: bool, reason: str) -> None:
+        if self.logs is not None:
+            self.logs.admission(
+                req.request_id,
+                req.session_id,
+                self.names[req.worker],
+                mode=mode,
+                admitted=admitted,
+                reason=reason,
+            )
+
+    # -- request events --------------------------------------------------------------------
+
+    def first_token(self, req: SimRequest) -> None:
+        """The client sees its first token (on the decode engine in P/D)."""
+        if self.pd:
+            assert self.decode is not None
+            self.decode.mark_prefill_completed(req.request_id)
+        else:
+            self.prefill.mark_prefill_completed(req.request_id)
+
+    def prefill_done(self, req: SimRequest) -> None:
+        """The prefill engine of a P/D pair finished (its one token)."""
+        self.prefill.mark_prefill_completed(req.request_id)
+
+    def transfer_done(self, req: SimRequest) -> None:
+        """The decode engine has the KV: the prefill engine's part is over."""
+        if self.pd:
+            self.prefill.free(req.request_id)
+
+    def free(self, req: SimRequest) -> None:
+        """Done, or failed: every reservation of the request is released (idempotent)."""
+        self.prefill.free(req.request_id)
+        if self.decode is not None:
+            self.decode.free(req.request_id)
+        self._routing.pop(req.request_id, None)
+
+    # -- real state ------------------------------------------------------------------------
+
+    def apply_engine_states(self, states: dict[str, EngineState]) -> None:
+        if not self.pd:
+            self.prefill.apply_engine_states(states)
+            return
+        assert self.decode is not None
+        p_names = set(self.names[: self.n_prefill])
+        self.prefill.apply_engine_states({k: v for k, v in states.items() if k in p_names})
+        self.decode.apply_engine_states({k: v for k, v in states.items() if k not in p_names})
+
+    def reconcile(self, engine: int, sample: EngineMetricsSample) -> None:
+        from agentic_router.metrics import EngineMetrics
+
+        metrics = EngineMetrics(
+            num_running=sample.num_running,
+            num_waiting=sample.num_waiting,
+            kv_used_frac=sample.kv_usage_frac,
+            source="sim",
+        )
+        if self.pd and engine >= self.n_prefill:
+            assert self.decode is not None
+            self.decode.reconcile_from_metrics(engine - self.n_prefill, metrics)
+        else:
+            self.prefill.reconcile_from_metrics(engine, metrics)
+
+    def anomalies(self) -> dict[str, int]:
+        out: Counter[str] = Counter(self.prefill.anomalies)
+        out.update(self.prefill.plugin_errors)
+        if self.decode is not None:
+            out.update(self.decode.anomalies)
+            out.update(self.decode.plugin_errors)
+        return dict(out)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = {"prefill": self.prefill.snapshot()}
+        if self.decode is not None:
+            snap["decode"] = self.decode.snapshot()
+        return snap
+
+    def close(self) -> None:
+        if self.logs is not None:
+            self.logs.close()
