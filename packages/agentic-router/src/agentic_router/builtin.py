@@ -132,7 +132,8 @@ class GatedSessionAffinity:
     name = "session_affinity_gated"
     description = (
         "-1 for the session's home unless its effective requests exceed overload_factor x "
-        "max(mean, 1), its cache hit is below min_cache_hit, or it is mid-big-prefill/stalled"
+        "max(mean, 1) (then +1: move away), its cache hit is below min_cache_hit, or it is "
+        "mid-big-prefill/stalled"
     )
 
     def __init__(self, overload_factor: float, min_cache_hit: float, big_prefill: int) -> None:
@@ -154,7 +155,10 @@ class GatedSessionAffinity:
         mean = sum(loads) / len(loads)
         req = ctx.request
         if loads[i] > self.overload_factor * max(mean, 1.0):
+            # leaving because of load: the target must not be home again, even
+            # though home's cached prefix makes it look cheap to lmetric
             ctx.notes["reason"] = "home-overloaded"
+            zeros[i] = 1.0
             return zeros
         if is_big_prefill(ctx.states[i], self.big_prefill):
             ctx.notes["reason"] = "home-big-prefill"

@@ -412,23 +412,25 @@ class Router:
         return self._instance(worker, self.clock())
 
     # -- deciding -------------------------------------------------------------------
-    def decide(self, req: RoutingRequest) -> Decision:
-        now = self.clock()
-        seq = self._seq
-        self._seq += 1
+    def context(self, req: RoutingRequest) -> ScoringContext:
+        """The ScoringContext `decide` would start from (no filters applied), without
+        deciding: for scorer tests and what-if tooling. Does not advance the rotation."""
+        return self._context(req, self.clock(), self._seq, {})
+
+    def _context(
+        self, req: RoutingRequest, now: float, seq: int, notes: dict[str, Any]
+    ) -> ScoringContext:
         n = self.num_workers
         healthy = [w for w in range(n) if self.workers.healthy(w)]
-        notes: dict[str, Any] = {}
         if not healthy:
             healthy = list(range(n))
             notes["no_healthy_workers"] = True
-        home = self.registry.session_home(req.session_id, now)
-        ctx = ScoringContext(
+        return ScoringContext(
             request=req,
             candidates=healthy,
             states=[self._instance(w, now) for w in healthy],
             num_workers=n,
-            home=home,
+            home=self.registry.session_home(req.session_id, now),
             seq=seq,
             now=now,
             config=self.config,
@@ -436,6 +438,14 @@ class Router:
             rng=self._rng,
             notes=notes,
         )
+
+    def decide(self, req: RoutingRequest) -> Decision:
+        now = self.clock()
+        seq = self._seq
+        self._seq += 1
+        notes: dict[str, Any] = {}
+        ctx = self._context(req, now, seq, notes)
+        home = ctx.home
         spec = self._policy
         dropped: list[tuple[int, InstanceState, str]] = []
         for fname in spec.filters:

@@ -1,0 +1,119 @@
+"""InstanceState: the effective-state rule, real-only signals, the stall rule."""
+
+from __future__ import annotations
+
+from agentic_router.pytest_plugin import ManualClock
+
+
+def test_eff_is_max_of_shadow_and_real_while_fresh(
+    make_router, make_request, make_engine_state, agentic_clock: ManualClock
+) -> None:
+    router = make_router(2)
+    for _i in range(3):
+        router.add_request(make_request(1000), 0)
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(
+                0, num_running=1, num_decoding=1, ongoing_decode_tokens=500
+            ),
+            "engine_1": make_engine_state(
+                1,
+                num_running=6,
+                num_waiting=2,
+                pending_prefill_tokens=9000,
+                num_prefilling=3,
+                max_prefill_remaining=4000,
+            ),
+        }
+    )
+    s0, s1 = router.instance_state(0), router.instance_state(1)
+    assert s0.fresh
+    assert s1.fresh
+    assert s0.eff_num_requests == 3  # shadow covers requests dispatched after the snapshot
+    assert s0.eff_pending_prefill == 3000
+    assert s1.eff_num_requests == 8  # real fixes the shadow's under-count
+    assert s1.eff_pending_prefill == 9000
+    assert s1.r_max_prefill_remaining == 4000
+    assert s1.r_kv_used_frac == 0.0
+    agentic_clock.advance(0.6)  # past max_age (0.5 s)
+    s0, s1 = router.instance_state(0), router.instance_state(1)
+    assert not s1.fresh
+    assert not s1.stalled
+    assert s1.eff_num_requests == 0
+    assert s1.eff_pending_prefill == 0
+    assert s1.r_max_prefill_remaining is None
+    assert s1.r_kv_used_frac is None
+    assert s0.eff_num_requests == 3
+    assert s1.age_s is not None
+    assert abs(s1.age_s - 0.6) < 1e-6
+
+
+def test_stale_right_after_big_prefill_reads_as_stalled(
+    make_router, make_engine_state, agentic_clock: ManualClock
+) -> None:
+    router = make_router(2, stall_hold_s=20.0)
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(0, max_prefill_remaining=120_000),
+            "engine_1": make_engine_state(1, max_prefill_remaining=1_000),
+        }
+    )
+    agentic_clock.advance(5.0)  # the publisher went silent: its engine holds the GIL
+    big, small = router.instance_state(0), router.instance_state(1)
+    assert big.stalled
+    assert not big.fresh
+    assert big.r_max_prefill_remaining is None  # real-only fields stay None when stale
+    assert big.eff_pending_prefill == 120_000  # the big prefill stays visible
+    assert not small.stalled
+    assert small.eff_pending_prefill == 0
+    agentic_clock.advance(20.0)  # after stall_hold_s it is merely unknown
+    assert not router.instance_state(0).stalled
+    assert router.instance_state(0).eff_pending_prefill == 0
+
+
+def test_engine_that_stopped_stepping_is_stalled(
+    make_router, make_engine_state, agentic_clock: ManualClock
+) -> None:
+    router = make_router(1, step_stall_s=2.0)
+    now = agentic_clock()
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(
+                0, num_running=2, num_decoding=2, ongoing_decode_tokens=10, last_step_ts=now - 3.0
+            )
+        }
+    )
+    assert router.instance_state(0).fresh
+    assert router.instance_state(0).stalled
+
+
+def test_feed_mapping_ordering_and_restart(
+    make_router, make_engine_state, agentic_clock: ManualClock
+) -> None:
+    router = make_router(["a", "b"], engine_map={"prefill-x": 1})
+    router.apply_engine_states({"engine_0": make_engine_state(0, num_running=5)})
+    assert router.feed_counts["unmapped"] == 1  # engine_0 is not mapped here
+    router.apply_engine_states({"prefill-x": make_engine_state("prefill-x", seq=9, num_running=4)})
+    assert router.instance_state(1).eff_num_requests == 4
+    # an older snapshot of the same process never replaces a newer one
+    router.apply_engine_states(
+        {
+            "prefill-x": make_engine_state(
+                "prefill-x", seq=8, ts=agentic_clock() - 0.1, num_running=1
+            )
+        }
+    )
+    assert router.instance_state(1).eff_num_requests == 4
+    assert router.feed_counts["out_of_order"] == 1
+    # a restart (new pid) resets seq and is accepted
+    router.apply_engine_states(
+        {"prefill-x": make_engine_state("prefill-x", seq=1, pid=2, num_running=2)}
+    )
+    assert router.instance_state(1).eff_num_requests == 2
+
+
+def test_feed_disabled_ignores_states(make_router, make_engine_state) -> None:
+    router = make_router(1, use_real_state=False)
+    router.apply_engine_states({"engine_0": make_engine_state(0, num_running=7)})
+    assert router.instance_state(0).eff_num_requests == 0
+    assert router.instance_state(0).real is None

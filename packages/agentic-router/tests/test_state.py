@@ -1,0 +1,165 @@
+"""Sequence state: ownership and count invariants under random event streams."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentic_router.state import (
+    DUPLICATE_ADD,
+    DUPLICATE_FREE,
+    DUPLICATE_PREFILL_DONE,
+    LATE_PREFILL_DONE,
+    UNKNOWN_FREE,
+    UNKNOWN_PREFILL_DONE,
+    PromptRegistry,
+    SequenceState,
+    WorkerTable,
+)
+
+NUM_WORKERS = 4
+
+
+def _state(capacity: int = 64) -> SequenceState:
+    table = WorkerTable([f"w{i}" for i in range(NUM_WORKERS)])
+    return SequenceState(
+        table, PromptRegistry(NUM_WORKERS, capacity_blocks=capacity), freed_memory=8
+    )
+
+
+event = st.one_of(
+    st.tuples(
+        st.just("add"),
+        st.integers(0, 30),  # request id (small pool: duplicates are likely)
+        st.integers(0, NUM_WORKERS - 1),
+        st.integers(0, 5000),  # prompt tokens
+        st.lists(st.integers(0, 3), max_size=6),  # prefix shape
+    ),
+    st.tuples(st.just("prefill"), st.integers(0, 40)),  # includes never-added ids
+    st.tuples(st.just("free"), st.integers(0, 40)),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(event, max_size=120))
+def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> None:
+    s = _state(capacity=16)
+    owner: dict[str, int] = {}  # the model: who owns what
+    decoding: set[str] = set()
+    now = 0.0
+    for ev in events:
+        now += 0.5
+        kind, rid_n = ev[0], ev[1]
+        rid = f"r{rid_n}"
+        if kind == "add":
+            _, _, worker, tokens, shape = ev
+            hashes = tuple(hash((tuple(shape[: i + 1]),)) & 0xFFFF for i in range(len(shape)))
+            before = len(s.index)
+            s.add_request(
+                rid,
+                worker,
+                session_id=f"s{rid_n % 5}",
+                prompt_tokens=tokens,
+                block_hashes=hashes,
+                block_size=16,
+                now=now,
+            )
+            if rid in owner:
+                assert len(s.index) == before  # a duplicate never changes the owner
+            else:
+                owner[rid] = worker
+        elif kind == "prefill":
+            s.mark_prefill_completed(rid)
+            if rid in owner:
+                decoding.add(rid)
+        else:
+            s.free(rid)
+            owner.pop(rid, None)
+            decoding.discard(rid)
+        s.check_invariants()
+        assert dict(s.index.items()) == owner
+        for w in range(NUM_WORKERS):
+            load = s.active.load(w)
+            mine = [r for r, o in owner.items() if o == w]
+            assert load.num_requests == len(mine)
+            assert load.num_decoding == len([r for r in mine if r in decoding])
+            assert s.registry.blocks_held(w) <= 16
+
+
+def test_anomalies_are_counted_not_raised() -> None:
+    s = _state()
+    add = dict(session_id=None, prompt_tokens=100, block_hashes=(), block_size=16, now=0.0)
+    s.add_request("a", 0, **add)
+    s.add_request("a", 1, **add)  # duplicate: first owner kept
+    assert s.index.owner("a") == 0
+    s.mark_prefill_completed("a")
+    s.mark_prefill_completed("a")
+    s.mark_prefill_completed("nope")
+    s.free("a")
+    s.free("a")
+    s.free("never")
+    s.mark_prefill_completed("a")  # first token arrives after the client left
+    assert s.anomalies == {
+        DUPLICATE_ADD: 1,
+        DUPLICATE_PREFILL_DONE: 1,
+        UNKNOWN_PREFILL_DONE: 1,
+        DUPLICATE_FREE: 1,
+        UNKNOWN_FREE: 1,
+        LATE_PREFILL_DONE: 1,
+    }
+    s.check_invariants()
+    assert s.active.load(0).num_requests == 0
+
+
+def test_bad_worker_is_a_clear_error() -> None:
+    s = _state()
+    with pytest.raises(ValueError, match="worker must be an int"):
+        s.add_request(
+            "a",
+            NUM_WORKERS,
+            session_id=None,
+            prompt_tokens=1,
+            block_hashes=(),
+            block_size=16,
+            now=0.0,
+        )
+    assert len(s.index) == 0
+
+
+def test_pending_prefill_counts_only_uncached_tokens() -> None:
+    s = _state()
+    chain = (11, 12, 13, 14)
+    kw = dict(session_id="s", block_size=16, now=0.0)
+    s.add_request("first", 2, prompt_tokens=64, block_hashes=chain, **kw)
+    assert s.active.load(2).pending_prefill_tokens == 64
+    s.mark_prefill_completed("first")
+    assert s.active.load(2).pending_prefill_tokens == 0
+    assert s.active.load(2).ongoing_decode_tokens == 64
+    # the next turn re-sends the 4 cached blocks and appends 36 tokens
+    s.add_request("second", 2, prompt_tokens=100, block_hashes=(*chain, 15, 16), **kw)
+    assert s.active.load(2).pending_prefill_tokens == 100 - 64
+
+
+def test_registry_is_bounded_lru_and_prefix_closed() -> None:
+    reg = PromptRegistry(2, capacity_blocks=5, ttl_s=100.0)
+    reg.touch(0, (1, 2, 3), now=0.0)
+    reg.touch(0, (7, 8, 9), now=1.0)  # 6 blocks > 5: the oldest chain loses its tail
+    assert reg.blocks_held(0) == 5
+    assert reg.matched_blocks((1, 2, 3), [0, 1]) == [2, 0]
+    assert reg.matched_blocks((7, 8, 9, 10), [0, 1]) == [3, 0]
+    reg.touch(1, (1, 2), now=2.0)
+    assert reg.matched_blocks((1, 2, 3), [0, 1]) == [2, 2]
+    reg.expire(now=101.5)  # TTL: chain touched at t=0 and t=1 are gone, t=2 stays
+    assert reg.blocks_held(0) == 0
+    assert reg.matched_blocks((1, 2, 3), [0, 1]) == [0, 2]
+
+
+def test_sessions_are_bounded() -> None:
+    reg = PromptRegistry(2, session_capacity=3, session_ttl_s=10.0)
+    for i in range(5):
+        reg.bind_session(f"s{i}", i % 2, now=float(i))
+    assert reg.num_sessions() == 3
+    assert reg.session_home("s0", now=5.0) is None
+    assert reg.session_home("s4", now=5.0) == 0
+    assert reg.session_home("s4", now=14.5) is None  # TTL
