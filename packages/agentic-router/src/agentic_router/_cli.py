@@ -11,7 +11,13 @@ from collections.abc import Sequence
 
 # subcommand -> (module, one-line help). The module defines
 # `add_arguments(parser)` and `run(args) -> int`.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("agentic_router.server._serve", "run the OpenAI-compatible proxy in front of engines"),
+    "replay": ("agentic_router.sim.cli_replay", "replay a trace through policies on simulated engines"),
+    "demo": ("agentic_router.sim.cli_demo", "compare policies on the bundled agentic trace (no GPU)"),
+    "bench": ("agentic_router.sim.cli_bench", "drive a trace against a live router over HTTP"),
+    "analyze": ("agentic_router.sim.cli_analyze", "read the router's structured JSONL logs"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,200 @@
+"""The structured JSONL logs (DESIGN §7): the one writer, and the record shapes.
+
+Three files in a directory, one JSON object per line:
+
+- `routing-decisions.jsonl`: `{ts, request_id, session_id, policy, reason, worker,
+  decode_worker, candidates, ...}`, the decision's own `to_log()` fields plus
+  who asked;
+- `session-binding.jsonl`: `{ts, session_id, turn, worker, decode_worker, mode}`,
+  one line per request that carries a session id (`turn` counts from 1 per
+  session as this writer saw it; `mode` is `aggregated` or `pd`);
+- `admission-events.jsonl`: `{ts, request_id, session_id, worker, mode,
+  admitted, reason}`: whether a request was let in, and if not, why
+  (`no-space`, `session-cap`, `backpressure`, `circuit-open`, `overloaded`, ...).
+
+Both the HTTP proxy and the simulator write through `JsonlLogs`, so `analyze`
+reads one format. Writing never blocks the caller: records go through a
+bounded queue to one writer thread (or are written inline with
+`background=False`, for the simulator's single-threaded virtual time); when
+the queue is full the record is dropped and counted, never waited for.
+This module must not import the proxy or the simulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+import typing
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any, Final
+
+log = logging.getLogger("agentic_router.logs")
+
+ROUTING_DECISIONS: Final = "routing-decisions.jsonl"
+SESSION_BINDING: Final = "session-binding.jsonl"
+ADMISSION_EVENTS: Final = "admission-events.jsonl"
+STREAMS: Final = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS)
+
+_QUEUE_MAX: Final = 65536
+_MAX_SESSIONS_TRACKED: Final = 100_000
+_STOP: Final = object()
+
+
+class JsonlLogs:
+    """Appends records to the three JSONL files of one directory."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        background: bool = True,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._files: dict[str, IO[str]] = {
+            name: (self.directory / name).open("a", encoding="utf-8") for name in STREAMS
+        }
+        self._turns: OrderedDict[str, int] = OrderedDict()
+        self.dropped = 0
+        self.written = 0
+        self._queue: queue.Queue[object] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(maxsize=_QUEUE_MAX)
+            self._thread = threading.Thread(
+                target=self._drain, name="agentic-router-jsonl", daemon=True
+            )
+            self._thread.start()
+
+    # ---- the three record kinds ----
+
+    def decision(
+        self,
+        request_id: str,
+        session_id: str | None,
+        decision_log: Mapping[str, Any],
+        **extra: Any,
+    ) -> None:
+        record = {"ts": self._clock(), "request_id": request_id, "session_id": session_id}
+        record.update(decision_log)
+        record.update(extra)
+        self._emit(ROUTING_DECISIONS, record)
+
+    def session_binding(
+        self,
+        session_id: str,
+        worker: str,
+        *,
+        mode: str,
+        decode_worker: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        turn = self._turns.pop(session_id, 0) + 1
+        self._turns[session_id] = turn
+        if len(self._turns) > _MAX_SESSIONS_TRACKED:
+            self._turns.popitem(last=False)
+        self._emit(
+            SESSION_BINDING,
+            {
+                "ts": self._clock(),
+                "session_id": session_id,
+                "turn": turn,
+                "worker": worker,
+                "decode_worker": decode_worker,
+                "mode": mode,
+                "request_id": request_id,
+            },
+        )
+
+    def admission(
+        self,
+        request_id: str,
+        session_id: str | None,
+        worker: str | None,
+        *,
+        mode: str,
+        admitted: bool,
+        reason: str,
+    ) -> None:
+        self._emit(
+            ADMISSION_EVENTS,
+            {
+                "ts": self._clock(),
+                "request_id": request_id,
+                "session_id": session_id,
+                "worker": worker,
+                "mode": mode,
+                "admitted": admitted,
+                "reason": reason,
+            },
+        )
+
+    # ---- plumbing ----
+
+    def _emit(self, stream: str, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        if self._queue is None:
+            self._write(stream, line)
+            return
+        try:
+            self._queue.put_nowait((stream, line))
+        except queue.Full:
+            self.dropped += 1
+
+    def _write(self, stream: str, line: str) -> None:
+        try:
+            self._files[stream].write(line)
+            self.written += 1
+        except (OSError, ValueError) as exc:  # disk full, closed file: count, never raise
+            self.dropped += 1
+            log.warning("JSONL log write to %s failed: %r", stream, exc)
+
+    def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            stream, line = typing.cast(tuple[str, str], item)
+            self._write(stream, line)
+            if self._queue.empty():
+                self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        for f in self._files.values():
+            with contextlib.suppress(OSError, ValueError):
+                f.flush()
+
+    def close(self) -> None:
+        """Write what is queued, then close the files. Idempotent."""
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._flush()
+        for f in self._files.values():
+            f.close()
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of one JSONL file; a torn last line (a crash mid-write) is skipped."""
+    with Path(path).open(encoding="utf-8") as f:
+        for raw in f:
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                yield obj

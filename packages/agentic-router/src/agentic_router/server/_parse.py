@@ -1,0 +1,178 @@
+"""Request validation and session identity for the OpenAI endpoints.
+
+Owns what the proxy needs to know about a request before routing it: is the
+body a valid completions / chat-completions request (else a 400 naming the
+problem), does it stream, and which session it belongs to. It does not touch
+the body the engine receives: aggregated requests are forwarded byte for byte.
+No I/O, no clock; pure functions of the body and headers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+MAX_SESSION_ID_CHARS: Final = 256
+
+COMPLETIONS: Final = "completions"
+CHAT: Final = "chat"
+
+
+class BadRequest(ValueError):
+    """A client error: answered with `status` and a JSON error naming the problem."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: str  # COMPLETIONS or CHAT
+    body: dict[str, Any]
+    stream: bool
+    max_tokens: int | None
+
+
+def parse_body(raw: bytes, kind: str) -> ParsedRequest:
+    """Decode and validate an OpenAI request body; raise BadRequest with the reason."""
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    if kind == COMPLETIONS:
+        _check_prompt(body.get("prompt", _MISSING))
+    else:
+        _check_messages(body.get("messages", _MISSING))
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", param="stream")
+    max_tokens: int | None = None
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"'{key}' must be a non-negative integer", param=key)
+        if max_tokens is None:
+            max_tokens = value
+    return ParsedRequest(kind=kind, body=body, stream=stream, max_tokens=max_tokens)
+
+
+class _Missing:
+    pass
+
+
+_MISSING: Final = _Missing()
+
+
+def _check_prompt(prompt: object) -> None:
+    if isinstance(prompt, _Missing):
+        raise BadRequest("'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return
+        if all(
+            isinstance(p, list)
+            and p
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+            for p in prompt
+        ):
+            return
+    raise BadRequest(
+        "'prompt' must be a string, a non-empty list of strings, a list of token ids, "
+        "or a list of token-id lists",
+        param="prompt",
+    )
+
+
+def _check_messages(messages: object) -> None:
+    if isinstance(messages, _Missing):
+        raise BadRequest("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(f"messages[{i}] must be an object", param="messages")
+        if not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}].role must be a string", param="messages")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(
+                f"messages[{i}].content must be a string, a list of parts or null",
+                param="messages",
+            )
+
+
+def session_id_of(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    header_names: Sequence[str],
+    body_fields: Sequence[str],
+) -> str | None:
+    """The request's session id: the first of `header_names` present (case-insensitive
+    mapping expected), else the first of `body_fields` (dotted paths) that is a
+    string or number. Empty values are skipped; over-long ones are a 400."""
+    for name in header_names:
+        value = headers.get(name)
+        if value:
+            return _checked(value.strip(), name)
+    for path in body_fields:
+        node: Any = body
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if isinstance(node, bool):
+            continue
+        if isinstance(node, str) and node.strip():
+            return _checked(node.strip(), path)
+        if isinstance(node, int | float):
+            return _checked(str(node), path)
+    return None
+
+
+def _checked(value: str, source: str) -> str | None:
+    if not value:
+        return None
+    if len(value) > MAX_SESSION_ID_CHARS:
+        raise BadRequest(
+            f"session id from {source} is longer than {MAX_SESSION_ID_CHARS} characters",
+            param=source,
+        )
+    return value
+
+
+def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape (vLLM and SGLang answer errors the same way)."""
+    kind = {
+        400: "BadRequestError",
+        401: "AuthenticationError",
+        403: "PermissionDeniedError",
+        404: "NotFoundError",
+        413: "RequestTooLargeError",
+        499: "ClientClosedRequest",
+        502: "BadGatewayError",
+        503: "ServiceUnavailableError",
+        504: "GatewayTimeoutError",
+    }.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -1,0 +1,254 @@
+"""Prefill/decode serving: the two engines' own handshakes, with the proxy's accounting.
+
+- vLLM (as vLLM's `toy_proxy_server.py` for NixlConnector does it): send the
+  request to P with `kv_transfer_params = {do_remote_decode: true,
+  do_remote_prefill: false, remote_*: null}`, `stream: false`, `max_tokens: 1`
+  (and `max_completion_tokens: 1` if present), without `stream_options`,
+  `min_tokens`, `min_completion_tokens`; then send the original request to D
+  with the `kv_transfer_params` P returned. Both carry the same X-Request-Id.
+- SGLang (as `sglang.srt.disaggregation.mini_lb` does it): add
+  `bootstrap_host` (P's host), `bootstrap_port` (P's bootstrap port) and a
+  random 63-bit `bootstrap_room`, send the same body to P and D at once,
+  relay D's answer and drain P's.
+
+Accounting: the request is reserved on P (`<id>:p`) and on D (`<id>:d`) in
+their pools' Routers before the first await; P's reservation is freed when
+P's part is done, D's when the answer is complete or fails. A failure before
+anything reached the client retries the pair, avoiding the engine that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from agentic_router.server._app import (
+    _RETRIABLE_STATUS,
+    EngineFailure,
+    _admission_reason,
+    _json_error,
+)
+from agentic_router.server._routing import DECODE, PREFILL
+
+if TYPE_CHECKING:
+    from agentic_router.server._app import Endpoint, Proxy, _Ctx
+
+
+class _SideFailure(Exception):
+    def __init__(self, slot: int, failure: EngineFailure) -> None:
+        super().__init__(failure.message)
+        self.slot = slot
+        self.failure = failure
+
+
+async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
+    core = proxy.core
+    tried: set[int] = set()
+    last: EngineFailure | None = None
+    for attempt in range(proxy.config.max_retries + 1):
+        proxy._sync_health()
+        base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
+        req_p = core.routing_request(ctx.parsed, base + ":p", ctx.session_id)
+        req_d = dataclasses.replace(req_p, request_id=base + ":d")
+        dec_p = core.decide(req_p, exclude=tried, role=PREFILL)
+        dec_d = core.decide(req_d, exclude=tried, role=DECODE)
+        if dec_p is None or dec_d is None:
+            break
+        p, d = proxy.endpoints[dec_p.worker], proxy.endpoints[dec_d.worker]
+        # Both reservations, with no await since the decisions.
+        core.add_request(req_p, p.slot)
+        core.add_request(req_d, d.slot)
+        try:
+            p.requests += 1
+            d.requests += 1
+            p.breaker.dispatched()
+            d.breaker.dispatched()
+            proxy._note_decision(ctx, dec_p, p.slot, d.slot)
+            if proxy.logs is not None:
+                proxy.logs.decision(req_d.request_id, ctx.session_id, dec_d.to_log(), pool="decode")
+            if attempt:
+                proxy.telemetry.retries.inc()
+            forwarded_id = ctx.client_request_id or base
+            headers = proxy._headers(ctx, forwarded_id)
+            try:
+                if proxy.config.pd_protocol == "vllm":
+                    response = await _vllm(
+                        proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
+                    )
+                else:
+                    response = await _sglang(
+                        proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
+                    )
+            except _SideFailure as exc:
+                last = exc.failure
+                reason = _admission_reason(last.status)
+                proxy._admission(ctx, exc.slot, None, False, reason)
+                if exc.slot == d.slot:
+                    core.notify(
+                        "admission",
+                        d.slot,
+                        request_id=req_d.request_id,
+                        session_id=ctx.session_id,
+                        admitted=False,
+                        reason=reason,
+                    )
+                if not last.retriable:
+                    break
+                tried.add(exc.slot)
+                continue
+            core.notify(
+                "admission",
+                d.slot,
+                request_id=req_d.request_id,
+                session_id=ctx.session_id,
+                admitted=True,
+                reason="ok",
+            )
+            return response
+        finally:
+            core.free(req_p.request_id)
+            core.free(req_d.request_id)
+    if last is None:
+        proxy.telemetry.requests.inc(ctx.endpoint, "no_engine")
+        proxy._admission(ctx, None, None, False, "no-usable-engine")
+        return _json_error(503, "no usable prefill/decode pair: engines down or circuits open")
+    proxy.telemetry.requests.inc(ctx.endpoint, f"engine_{last.status}")
+    return _json_error(last.status, last.message)
+
+
+async def _read_prefill(
+    proxy: Proxy, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> bytes:
+    """POST to the prefill engine and read its whole (one-token) answer."""
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        upstream = await proxy._open(ep, ep.spec.url + path, raw, headers)
+    except EngineFailure as exc:
+        raise _SideFailure(ep.slot, exc) from None
+    try:
+        async with asyncio.timeout(proxy.config.first_byte_timeout_s):
+            data = await upstream.read()
+    except TimeoutError:
+        proxy._record_failure(ep, "timeout", "prefill not done before first_byte_timeout")
+        raise _SideFailure(
+            ep.slot, EngineFailure(504, f"prefill engine {ep.spec.engine_id} timed out")
+        ) from None
+    except (aiohttp.ClientError, OSError) as exc:
+        proxy._record_failure(ep, "cut", repr(exc))
+        raise _SideFailure(
+            ep.slot, EngineFailure(502, f"prefill engine {ep.spec.engine_id} cut off: {exc!r}")
+        ) from None
+    finally:
+        upstream.release()
+    status = upstream.status
+    if status != 200:
+        text = data[:500].decode("utf-8", "replace")
+        retriable = status in _RETRIABLE_STATUS
+        if status >= 500:
+            proxy._record_failure(ep, f"http_{status}", text)
+        raise _SideFailure(
+            ep.slot,
+            EngineFailure(
+                status if status < 500 else 502,
+                f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
+                retriable=retriable,
+            ),
+        )
+    proxy._record_success(ep)
+    return data
+
+
+async def _decode(
+    proxy: Proxy, ctx: _Ctx, d: Endpoint, rid: str, body: dict[str, Any], headers: dict[str, str]
+) -> web.StreamResponse:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        return await proxy._forward(ctx, d, rid, raw, headers)
+    except EngineFailure as exc:
+        raise _SideFailure(d.slot, exc) from None
+
+
+async def _vllm(
+    proxy: Proxy,
+    ctx: _Ctx,
+    p: Endpoint,
+    d: Endpoint,
+    rid_p: str,
+    rid_d: str,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    body = ctx.parsed.body
+    prefill = dict(body)
+    prefill["kv_transfer_params"] = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+    prefill["stream"] = False
+    prefill["max_tokens"] = 1
+    if "max_completion_tokens" in prefill:
+        prefill["max_completion_tokens"] = 1
+    for key in ("stream_options", "min_tokens", "min_completion_tokens"):
+        prefill.pop(key, None)
+    data = await _read_prefill(proxy, p, ctx.path, prefill, headers)
+    proxy.core.mark_prefill_completed(rid_p)
+    proxy.core.free(rid_p)
+    try:
+        answer = json.loads(data)
+        kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+    except ValueError:
+        kv = None
+    decode = dict(body)
+    if kv:
+        decode["kv_transfer_params"] = kv
+    return await _decode(proxy, ctx, d, rid_d, decode, headers)
+
+
+async def _sglang(
+    proxy: Proxy,
+    ctx: _Ctx,
+    p: Endpoint,
+    d: Endpoint,
+    rid_p: str,
+    rid_d: str,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    body = dict(ctx.parsed.body)
+    body["bootstrap_host"] = p.spec.host
+    body["bootstrap_port"] = p.spec.bootstrap_port
+    body["bootstrap_room"] = random.randint(0, 2**63 - 1)
+
+    async def prefill() -> None:
+        await _read_prefill(proxy, p, ctx.path, body, headers)
+        proxy.core.mark_prefill_completed(rid_p)
+        proxy.core.free(rid_p)
+
+    p_task = asyncio.create_task(prefill())
+    d_task = asyncio.create_task(_decode(proxy, ctx, d, rid_d, body, headers))
+    try:
+        await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
+        if p_task.done() and p_task.exception() is not None and not ctx.started:
+            # P failed: D would wait for KV that never comes. Stop it; retry the pair.
+            d_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, _SideFailure):
+                await d_task
+            raise p_task.exception()  # type: ignore[misc]
+        response = await d_task
+    finally:
+        for task in (p_task, d_task):
+            if not task.done():
+                task.cancel()
+        for task in (p_task, d_task):
+            with contextlib.suppress(asyncio.CancelledError, _SideFailure):
+                await task
+    return response

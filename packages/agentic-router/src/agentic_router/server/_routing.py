@@ -1,0 +1,303 @@
+"""The proxy's handle on the routing core: one Router per worker pool.
+
+Aggregated mode has one pool (every engine). Prefill/decode mode has two:
+a prefill Router over the prefill engines and a decode Router over the decode
+engines, each with its own shadow load, session homes and engine map, because
+a request holds load on both at once (its prefill on P, its KV and decode on
+D) and the policies pick within a pool. The proxy addresses engines by a
+global slot (prefill engines first, then decode); this class maps slots to
+(pool, worker) and never decides anything itself: `decide` is the Router's.
+
+Also owns starting/stopping the feed (StateFeed) or, feed off, the /metrics
+reconcile (MetricsReconciler), and the routing numbers exported on /metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentic_router.core import (
+    Decision,
+    Router,
+    RouterConfig,
+    RoutingRequest,
+    build_routing_request,
+)
+from agentic_router.plugins import make_plugin_manager
+from agentic_router.server._config import ConfigError, ServerConfig
+from agentic_router.server._metrics import Family
+from agentic_router.server._parse import ParsedRequest
+
+if TYPE_CHECKING:
+    from agentic_router.server._app import Endpoint
+
+PREFILL = "prefill"
+DECODE = "decode"
+BOTH = "both"
+
+
+def router_config(config: ServerConfig, engine_ids: Sequence[str]) -> RouterConfig:
+    """RouterConfig from the proxy settings plus `--router-option key=value` overrides."""
+    hints = typing.get_type_hints(RouterConfig)
+    values: dict[str, Any] = {
+        "max_age_s": config.state_max_age_ms / 1000.0,
+        "feed_period_s": config.state_poll_interval_ms / 1000.0,
+        "engine_map": {engine_id: i for i, engine_id in enumerate(engine_ids)},
+    }
+    if config.metrics_reconcile_interval_s > 0:
+        values["reconcile_period_s"] = config.metrics_reconcile_interval_s
+    extra: dict[str, Any] = {}
+    for option in config.router_options:
+        key, sep, raw = option.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"--router-option must be key=value, got {option!r}")
+        hint = hints.get(key)
+        if hint is None or key in ("engine_map", "extra"):
+            extra[key] = raw  # a plugin knob (RouterConfig.extra)
+            continue
+        kind = bool if hint is bool else int if hint is int else float if hint is float else str
+        try:
+            if kind is bool:
+                values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                values[key] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"--router-option {key}: {raw!r} is not a {kind.__name__}") from None
+    if extra:
+        values["extra"] = extra
+    try:
+        return RouterConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"router options: {exc}") from None
+
+
+@dataclass
+class Pool:
+    role: str
+    router: Router
+    offset: int  # global slot of this pool's worker 0
+    size: int
+    feed: Any = None  # StateFeed or MetricsReconciler while running
+
+
+class RoutingCore:
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine_ids: Sequence[str],
+        roles: Sequence[str],
+        plugin_manager: Any = None,
+    ) -> None:
+        self.config = config
+        self.pm = plugin_manager
+        if self.pm is None:
+            allow = [p for p in config.plugins if p != "*"] if config.plugins else None
+            self.pm = make_plugin_manager(allow=allow)
+        self.pools: dict[str, Pool] = {}
+        self._slot_pool: list[Pool] = []
+        for role in (BOTH, PREFILL, DECODE):
+            ids = [e for e, r in zip(engine_ids, roles, strict=True) if r == role]
+            if not ids:
+                continue
+            rc = router_config(config, ids)
+            try:
+                router = Router(ids, config.policy, config=rc, plugin_manager=self.pm)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            pool = Pool(role, router, len(self._slot_pool), len(ids))
+            self.pools[role] = pool
+            self._slot_pool.extend([pool] * len(ids))
+        self.router_config = next(iter(self.pools.values())).router.config
+        self._owner: dict[str, Pool] = {}
+
+    # ---- requests ----
+
+    def routing_request(
+        self, parsed: ParsedRequest, request_id: str, session_id: str | None
+    ) -> RoutingRequest:
+        return build_routing_request(
+            request_id,
+            parsed.body,
+            session_id=session_id,
+            config=self.router_config,
+            plugin_manager=self.pm,
+        )
+
+    def decide(
+        self,
+        req: RoutingRequest,
+        *,
+        exclude: set[int] | frozenset[int] = frozenset(),
+        role: str = BOTH,
+    ) -> Decision | None:
+        """The pool Router's decision, with `exclude` (global slots) kept out.
+        The Decision's worker and decode_worker are turned into global slots.
+        None when every worker of the pool is excluded."""
+        pool = self.pools[role]
+        router = pool.router
+        local_ex = [s - pool.offset for s in exclude if pool.offset <= s < pool.offset + pool.size]
+        if len(local_ex) >= pool.size:
+            return None
+        saved = [(w, router.workers.healthy(w)) for w in local_ex]
+        for w in local_ex:
+            router.set_worker_health(w, False)
+        try:
+            decision = router.decide(req)
+        finally:
+            for w, healthy in saved:
+                router.set_worker_health(w, healthy)
+        if decision.worker in local_ex:  # every other worker was unhealthy too
+            return None
+        decode = decision.decode_worker
+        return dataclasses.replace(
+            decision,
+            worker=decision.worker + pool.offset,
+            decode_worker=None if decode is None else decode + pool.offset,
+        )
+
+    def add_request(self, req: RoutingRequest, slot: int) -> None:
+        pool = self._slot_pool[slot]
+        pool.router.add_request(req, slot - pool.offset)
+        self._owner[req.request_id] = pool
+
+    def mark_prefill_completed(self, request_id: str) -> None:
+        pool = self._owner.get(request_id)
+        if pool is not None:
+            pool.router.mark_prefill_completed(request_id)
+
+    def free(self, request_id: str) -> None:
+        pool = self._owner.pop(request_id, None)
+        if pool is not None:
+            pool.router.free(request_id)
+
+    def notify(self, kind: str, slot: int, **payload: Any) -> None:
+        pool = self._slot_pool[slot]
+        pool.router.notify(kind, worker=slot - pool.offset, **payload)
+
+    def set_usable(self, slot: int, usable: bool) -> None:
+        pool = self._slot_pool[slot]
+        pool.router.set_worker_health(slot - pool.offset, usable)
+
+    def active_requests(self) -> int:
+        return sum(len(p.router.state.index) for p in self.pools.values())
+
+    # ---- background loops ----
+
+    async def start(self) -> None:
+        from agentic_router.metrics import MetricsReconciler
+
+        for pool in self.pools.values():
+            if self.config.engine_state_uri:
+                from agentic_router.feed import StateFeed
+
+                pool.feed = StateFeed(pool.router, self.config.engine_state_uri)
+                pool.feed.start()
+            elif self.config.metrics_reconcile_interval_s > 0:
+                specs = self._specs(pool)
+                pool.feed = MetricsReconciler(
+                    pool.router,
+                    [s.url + "/metrics" for s in specs],
+                    timeout_s=self.config.health_check_timeout_s,
+                )
+                pool.feed.start()
+
+    async def stop(self) -> None:
+        for pool in self.pools.values():
+            if pool.feed is not None:
+                await pool.feed.stop()
+                pool.feed = None
+
+    def _specs(self, pool: Pool) -> list[Any]:
+        specs = self.config.worker_specs()
+        return specs[pool.offset : pool.offset + pool.size]
+
+    # ---- introspection ----
+
+    def snapshot(self) -> dict[str, Any]:
+        return {role: pool.router.snapshot() for role, pool in self.pools.items()}
+
+    def feed_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for role, pool in self.pools.items():
+            feed = pool.feed
+            if feed is None:
+                out[role] = {"mode": "off"}
+            elif hasattr(feed, "stats") and callable(feed.stats):
+                out[role] = {"mode": "state-feed", **feed.stats()}
+            else:
+                out[role] = {
+                    "mode": "metrics-reconcile",
+                    "scrapes": feed.stats.scrapes,
+                    "failures": dict(feed.stats.failures),
+                }
+        return out
+
+    def metric_families(self, endpoints: Sequence[Endpoint]) -> list[Family]:
+        load = Family(
+            "agentic_router_worker_effective_load",
+            "gauge",
+            "effective load per engine: max(shadow, real) while the real snapshot is fresh",
+            ("engine", "quantity"),
+        )
+        shadow = Family(
+            "agentic_router_worker_shadow_requests",
+            "gauge",
+            "requests the router has reserved on each engine (shadow)",
+            ("engine",),
+        )
+        age = Family(
+            "agentic_router_feed_age_seconds",
+            "gauge",
+            "age of each engine's latest real snapshot (absent: never received)",
+            ("engine",),
+        )
+        fresh = Family(
+            "agentic_router_feed_fresh",
+            "gauge",
+            "1 if the engine's snapshot is fresh",
+            ("engine",),
+        )
+        drops = Family(
+            "agentic_router_feed_drops_total",
+            "counter",
+            "engine-state snapshots dropped by the reader, by reason",
+            ("pool", "reason"),
+        )
+        feed = Family(
+            "agentic_router_feed_snapshots_total",
+            "counter",
+            "snapshots handed to the router, by what it did with them",
+            ("pool", "result"),
+        )
+        anomalies = Family(
+            "agentic_router_accounting_anomalies_total",
+            "counter",
+            "duplicate / unknown events and reconciled frees in the shadow accounting",
+            ("pool", "kind"),
+        )
+        for ep in endpoints:
+            pool = self._slot_pool[ep.slot]
+            st = pool.router.instance_state(ep.slot - pool.offset)
+            name = ep.spec.engine_id
+            load.set(name, "num_requests", value=float(st.eff_num_requests))
+            load.set(name, "pending_prefill_tokens", value=float(st.eff_pending_prefill))
+            load.set(name, "ongoing_decode_tokens", value=float(st.eff_ongoing_decode))
+            shadow.set(name, value=float(st.shadow.num_requests))
+            if st.age_s is not None:
+                age.set(name, value=round(st.age_s, 4))
+            fresh.set(name, value=1.0 if st.fresh else 0.0)
+        for role, pool in self.pools.items():
+            f = pool.feed
+            if f is not None and hasattr(f, "drops"):
+                for reason, n in f.drops.items():
+                    drops.set(role, reason, value=float(n))
+            for result, n in pool.router.feed_counts.items():
+                feed.set(role, result, value=float(n))
+            for kind, n in pool.router.anomalies.items():
+                anomalies.set(role, kind, value=float(n))
+        return [load, shadow, age, fresh, drops, feed, anomalies]

@@ -1,0 +1,540 @@
+"""Fake vLLM and SGLang OpenAI servers that speak the engines' real wire protocols.
+
+They exist so the proxy is tested over real sockets without a model: the
+JSON and SSE shapes follow vLLM's and SGLang's OpenAI-compatible servers, and
+both prefill/decode handshakes are real network exchanges:
+
+- vLLM (NixlConnector-style): a prefill request carries
+  `kv_transfer_params = {do_remote_decode: true, ...}`, `max_tokens: 1`,
+  `stream: false`; the prefill server answers with
+  `kv_transfer_params = {do_remote_prefill: true, remote_engine_id,
+  remote_request_id, remote_host, remote_port, remote_block_ids, tp_size}`.
+  The decode server, given those, pulls the KV from `remote_host:remote_port`
+  (here: an HTTP GET on the prefill server's side channel) and fails the
+  request if it is missing or belongs to another prompt.
+- SGLang (mini_lb-style): the same request, with `bootstrap_host`,
+  `bootstrap_port`, `bootstrap_room`, goes to P and D at once; P publishes
+  the room on its bootstrap server when its prefill is done; D waits for the
+  room, and fails after a timeout if P never delivers.
+
+Each fake can be told to be slow, fail with a status, hang, die mid-stream,
+or stop listening (connection refused). They are test tools: not tuned, not
+hardened, loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+Flavor = Literal["vllm", "sglang"]
+Role = Literal["both", "prefill", "decode"]
+
+
+@dataclass
+class Faults:
+    """What the fake does wrong. Mutate `engine.faults` between requests."""
+
+    first_token_delay_s: float = 0.0  # prefill time before the first token
+    token_interval_s: float = 0.0  # time between tokens
+    fail_status: int | None = None  # answer generation requests with this HTTP status
+    fail_count: int | None = None  # ... for this many requests (None: all of them)
+    die_after_chunks: int | None = None  # drop the connection after this many chunks
+    hang: bool = False  # accept generation requests and never answer
+    health_status: int = 200  # what GET /health answers
+    kv_wait_timeout_s: float = 5.0  # decode: how long to wait for the prefill's KV
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        return json.dumps(body.get("messages"), sort_keys=True)
+    return json.dumps(body.get("prompt"), sort_keys=True)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _count_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return max(1, len(_prompt_text(body)) // 4)
+
+
+def free_socket(host: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class FakeEngine:
+    """One fake engine server on 127.0.0.1 (a random free port).
+
+    `flavor` picks the wire dialect (vllm / sglang); `role` the P/D role.
+    `requests` records each generation request (path, headers, JSON body).
+    """
+
+    def __init__(
+        self,
+        flavor: Flavor = "vllm",
+        *,
+        role: Role = "both",
+        model: str = "tiny",
+        engine_id: str | None = None,
+        output_tokens: int = 8,
+        max_model_len: int = 4096,
+        state_uri: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.flavor = flavor
+        self.role = role
+        self.model = model
+        self.engine_id = engine_id or f"{flavor}-{role}-{uuid.uuid4().hex[:6]}"
+        self.output_tokens = output_tokens
+        self.max_model_len = max_model_len
+        self.state_uri = state_uri
+        self.host = host
+        self.faults = Faults()
+        self.requests: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.inflight = 0
+        self.completed = 0
+        self.aborted = 0  # the client went away before the answer was complete
+        self.kv_pulls = 0  # decode: KV received from a prefill server
+        self._kv: dict[str, str] = {}  # vLLM side channel: request id -> prompt digest
+        self._rooms: dict[int, str] = {}  # SGLang bootstrap: room -> prompt digest
+        self._runners: list[web.AppRunner] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._publisher: asyncio.Task[None] | None = None
+        self.port = 0
+        self.bootstrap_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ---- lifecycle ----
+
+    async def start(self, port: int = 0) -> FakeEngine:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/_fake/kv/{rid}", self._kv_side_channel)
+        sock = free_socket(self.host) if port == 0 else _bind(self.host, port)
+        self.port = sock.getsockname()[1]
+        await self._serve(app, sock)
+        if self.flavor == "sglang" and self.role == "prefill":
+            boot = web.Application()
+            boot.router.add_get("/_fake/room/{room}", self._bootstrap_room)
+            bsock = free_socket(self.host)
+            self.bootstrap_port = bsock.getsockname()[1]
+            await self._serve(boot, bsock)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        if self.state_uri:
+            self._publisher = asyncio.create_task(self._publish_state())
+        return self
+
+    async def _serve(self, app: web.Application, sock: socket.socket) -> None:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        self._runners.append(runner)
+
+    async def stop(self) -> None:
+        """Stop listening and drop every open connection: later connects are refused."""
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+            self._publisher = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> FakeEngine:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- generation ----
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "body must be an object")
+        chat = request.path.endswith("/chat/completions")
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        f = self.faults
+        if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
+            if f.fail_count is not None:
+                f.fail_count -= 1
+            return _error(f.fail_status, f"injected failure {f.fail_status}")
+        if f.hang:
+            await asyncio.sleep(3600)
+        self.inflight += 1
+        try:
+            response = await self._answer(request, body, chat)
+        except (_Died, ConnectionResetError):
+            self.aborted += 1
+            return web.Response(status=499)  # never reaches the client: the socket is gone
+        except asyncio.CancelledError:
+            self.aborted += 1
+            raise
+        finally:
+            self.inflight -= 1
+        self.completed += 1
+        return response
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], chat: bool
+    ) -> web.StreamResponse:
+        digest = _digest(_prompt_text(body))
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        n_tokens = self._n_tokens(body)
+        kv_params = body.get("kv_transfer_params")
+        kv_out: dict[str, Any] | None = None
+        if self.flavor == "vllm" and isinstance(kv_params, dict):
+            if kv_params.get("do_remote_decode"):
+                if body.get("stream") or n_tokens != 1:
+                    return _error(400, "remote-decode prefill needs stream=false, max_tokens=1")
+                kv_out = {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_block_ids": list(range(1 + _count_prompt_tokens(body) // 16)),
+                    "remote_engine_id": self.engine_id,
+                    "remote_request_id": request_id,
+                    "remote_host": self.host,
+                    "remote_port": self.port,
+                    "tp_size": 1,
+                }
+            elif kv_params.get("do_remote_prefill"):
+                problem = await self._pull_vllm_kv(kv_params, digest)
+                if problem:
+                    return _error(500, problem)
+        if self.flavor == "sglang" and self.role in ("prefill", "decode"):
+            room = body.get("bootstrap_room")
+            if not isinstance(room, int) or "bootstrap_host" not in body:
+                return _error(400, "disaggregated server needs bootstrap_host/port/room")
+            if self.role == "decode":
+                problem = await self._wait_sglang_room(body, digest)
+                if problem:
+                    return _error(500, problem)
+            else:
+                n_tokens = 1
+        await asyncio.sleep(self.faults.first_token_delay_s)
+        if kv_out is not None:
+            self._kv[request_id] = digest
+        if self.flavor == "sglang" and self.role == "prefill":
+            self._rooms[body["bootstrap_room"]] = digest
+        tokens = [f" t{i}" for i in range(n_tokens)]
+        if body.get("stream"):
+            return await self._stream(request, body, chat, tokens)
+        await asyncio.sleep(self.faults.token_interval_s * max(0, n_tokens - 1))
+        payload = self._full_response(body, chat, tokens, kv_out)
+        if self.faults.die_after_chunks is not None:
+            # Headers and half a body, then the connection drops.
+            data = json.dumps(payload).encode()
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = len(data)
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            _abort(request)
+            raise _Died
+        return web.json_response(payload)
+
+    def _n_tokens(self, body: dict[str, Any]) -> int:
+        for key in ("max_completion_tokens", "max_tokens"):
+            value = body.get(key)
+            if isinstance(value, int):
+                return min(value, self.output_tokens)
+        return self.output_tokens
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], chat: bool, tokens: list[str]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        await resp.prepare(request)
+        ident = self._id(chat)
+        created = int(time.time())
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        events: list[dict[str, Any]] = []
+        if chat:
+            events.append(self._chunk(ident, created, chat, {"role": "assistant", "content": ""}))
+        for i, tok in enumerate(tokens):
+            last = i == len(tokens) - 1
+            delta: Any = {"content": tok} if chat else tok
+            events.append(self._chunk(ident, created, chat, delta, "length" if last else None))
+        if usage:
+            events.append(
+                {
+                    "id": ident,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": self._usage(body, len(tokens)),
+                }
+            )
+        for i, event in enumerate(events):
+            if i and self.faults.token_interval_s:
+                await asyncio.sleep(self.faults.token_interval_s)
+            if self.faults.die_after_chunks is not None and i >= self.faults.die_after_chunks:
+                _abort(request)
+                raise _Died
+            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _id(self, chat: bool) -> str:
+        if self.flavor == "sglang":
+            return uuid.uuid4().hex
+        return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+    def _chunk(
+        self, ident: str, created: int, chat: bool, delta: Any, finish: str | None = None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if chat:
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+        if self.flavor == "vllm":
+            choice["stop_reason"] = None
+        else:
+            choice["matched_stop"] = None
+        return {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": self.model,
+            "choices": [choice],
+        }
+
+    def _usage(self, body: dict[str, Any], n: int) -> dict[str, Any]:
+        p = _count_prompt_tokens(body)
+        return {"prompt_tokens": p, "total_tokens": p + n, "completion_tokens": n}
+
+    def _full_response(
+        self, body: dict[str, Any], chat: bool, tokens: list[str], kv: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        text = "".join(tokens)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+        else:
+            choice["text"] = text
+        out: dict[str, Any] = {
+            "id": self._id(chat),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": self._usage(body, len(tokens)),
+        }
+        if self.flavor == "vllm":
+            choice["stop_reason"] = None
+            out["kv_transfer_params"] = kv
+        return out
+
+    # ---- the two P/D handshakes ----
+
+    async def _pull_vllm_kv(self, params: dict[str, Any], digest: str) -> str | None:
+        assert self._session is not None
+        host, port, rid = (
+            params.get("remote_host"),
+            params.get("remote_port"),
+            params.get("remote_request_id"),
+        )
+        if not (host and port and rid):
+            return f"incomplete kv_transfer_params: {params}"
+        try:
+            async with self._session.get(f"http://{host}:{port}/_fake/kv/{rid}") as r:
+                if r.status != 200:
+                    return f"KV pull from {host}:{port} for {rid} failed: {r.status}"
+                got = (await r.json())["digest"]
+        except aiohttp.ClientError as exc:
+            return f"KV pull from {host}:{port} failed: {exc!r}"
+        if got != digest:
+            return "KV transferred for a different prompt"
+        self.kv_pulls += 1
+        return None
+
+    async def _kv_side_channel(self, request: web.Request) -> web.Response:
+        digest = self._kv.pop(request.match_info["rid"], None)
+        if digest is None:
+            return _error(404, "no such KV")
+        return web.json_response({"digest": digest})
+
+    async def _wait_sglang_room(self, body: dict[str, Any], digest: str) -> str | None:
+        assert self._session is not None
+        url = (
+            f"http://{body['bootstrap_host']}:{body['bootstrap_port']}"
+            f"/_fake/room/{body['bootstrap_room']}"
+        )
+        deadline = time.monotonic() + self.faults.kv_wait_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                async with self._session.get(url) as r:
+                    if r.status == 200:
+                        if (await r.json())["digest"] != digest:
+                            return "KV transferred for a different prompt"
+                        self.kv_pulls += 1
+                        return None
+            except aiohttp.ClientError as exc:
+                return f"bootstrap server {url} unreachable: {exc!r}"
+            await asyncio.sleep(0.005)
+        return f"KV for room {body['bootstrap_room']} never arrived"
+
+    async def _bootstrap_room(self, request: web.Request) -> web.Response:
+        try:
+            room = int(request.match_info["room"])
+        except ValueError:
+            return _error(400, "bad room")
+        digest = self._rooms.pop(room, None)
+        if digest is None:
+            return _error(404, "room not ready")
+        return web.json_response({"digest": digest})
+
+    # ---- the other endpoints ----
+
+    async def _models(self, request: web.Request) -> web.Response:
+        owned_by = "vllm" if self.flavor == "vllm" else "sglang"
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": owned_by,
+                        "root": self.model,
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.faults.health_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.flavor == "vllm":
+            labels = f'engine="0",model_name="{self.model}"'
+            lines = [
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{labels}}} {float(self.inflight)}",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting{{{labels}}} 0.0",
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                f"vllm:kv_cache_usage_perc{{{labels}}} {min(1.0, self.inflight / 100)}",
+            ]
+        else:
+            labels = f'model_name="{self.model}"'
+            lines = [
+                "# TYPE sglang:num_running_reqs gauge",
+                f"sglang:num_running_reqs{{{labels}}} {float(self.inflight)}",
+                "# TYPE sglang:num_queue_reqs gauge",
+                f"sglang:num_queue_reqs{{{labels}}} 0.0",
+                "# TYPE sglang:token_usage gauge",
+                f"sglang:token_usage{{{labels}}} {min(1.0, self.inflight / 100)}",
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _publish_state(self) -> None:
+        from agentic_common import EngineState, open_writer
+
+        writer = open_writer(self.state_uri)
+        seq = 0
+        try:
+            while True:
+                now = time.time()
+                seq += 1
+                writer.publish(
+                    EngineState(
+                        engine_id=self.engine_id,
+                        ts=now,
+                        seq=seq,
+                        pid=os.getpid(),
+                        num_running=self.inflight,
+                        num_waiting=0,
+                        gpu_blocks_total=1000,
+                        gpu_blocks_free=1000 - min(1000, 10 * self.inflight),
+                        gpu_kv_used_frac=min(1000, 10 * self.inflight) / 1000,
+                        pending_prefill_tokens=0,
+                        num_decoding=self.inflight,
+                        ongoing_decode_tokens=100 * self.inflight,
+                        num_prefilling=0,
+                        num_remote_prefill=0,
+                        last_step_ts=now,
+                        max_prefill_remaining=0,
+                    )
+                )
+                await asyncio.sleep(0.05)
+        finally:
+            writer.remove(self.engine_id)
+            writer.close()
+
+
+class _Died(Exception):
+    """The fake dropped its own connection on purpose."""
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(
+        {"object": "error", "message": message, "type": "BadRequestError", "code": status},
+        status=status,
+    )
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens: connecting is refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

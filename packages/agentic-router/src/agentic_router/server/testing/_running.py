@@ -1,0 +1,45 @@
+"""Run the proxy on a real loopback socket inside the current event loop (tests, benchmarks)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from agentic_router.server._app import PROXY, Proxy, create_app
+from agentic_router.server._config import ServerConfig
+from agentic_router.server._serve import RUNNER_OPTIONS
+from agentic_router.server.testing._fake_engine import free_socket
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    app: web.Application
+
+    @property
+    def proxy(self) -> Proxy:
+        return self.app[PROXY]
+
+    def active_requests(self) -> int:
+        """Requests holding shadow load in any pool (0 when nothing leaked)."""
+        return self.proxy.core.active_requests()
+
+
+@asynccontextmanager
+async def running_router(
+    config: ServerConfig, plugin_manager: Any = None
+) -> AsyncIterator[RunningRouter]:
+    app = create_app(config, plugin_manager)
+    runner = web.AppRunner(app, shutdown_timeout=1.0, **RUNNER_OPTIONS)
+    await runner.setup()
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+    try:
+        yield RunningRouter(f"http://127.0.0.1:{port}", app)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,88 @@
+"""Shared helpers for the proxy tests: everything runs over real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentic_router.server import ServerConfig
+
+# Quiet defaults for tests: no background health checks or reconcile unless a
+# test asks, small timeouts so failure paths finish quickly.
+BASE: dict[str, Any] = {
+    "health_check_interval_s": 0.0,
+    "metrics_reconcile_interval_s": 0.0,
+    "connect_timeout_s": 2.0,
+    "first_byte_timeout_s": 10.0,
+    "stream_idle_timeout_s": 10.0,
+    "policy": "round_robin",
+}
+
+
+def config(**overrides: Any) -> ServerConfig:
+    values = dict(BASE)
+    values.update(overrides)
+    for key in ("engines", "prefill", "decode"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return ServerConfig(**values)
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait until `check()` holds (a liveness wait, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.01)
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """Decode an SSE body into its data payloads (JSON objects, or the string '[DONE]')."""
+    out: list[Any] = []
+    for chunk in raw.decode().split("\n\n"):
+        block = chunk.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: ") :]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def completion_body(stream: bool = False, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "tiny", "prompt": "hello " * 50, "max_tokens": 5}
+    if stream:
+        body["stream"] = True
+    body.update(extra)
+    return body
+
+
+def chat_body(stream: bool = False, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "You are terse. " * 20},
+            {"role": "user", "content": "hi"},
+        ],
+        "max_tokens": 5,
+    }
+    if stream:
+        body["stream"] = True
+    body.update(extra)
+    return body
+
+
+@pytest.fixture
+def client_timeout() -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=30)
