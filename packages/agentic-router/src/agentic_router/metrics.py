@@ -61,7 +61,7 @@ class EngineMetrics:
 
 
 _NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_RE: Final = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|(?=}))')
+_LABEL_RE: Final = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 _ESCAPES: Final = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
@@ -86,8 +86,8 @@ def parse_prometheus_text(text: str, errors: Counter[str] | None = None) -> list
     `errors` (if given) counts skipped lines under "bad_line".
     """
     out: list[Sample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
+    for raw in text.split("\n"):  # "\n" only: label values may hold other separators
+        line = raw.strip(" \t\r")
         if not line or line.startswith("#"):
             continue
         m = _NAME_RE.match(line)
