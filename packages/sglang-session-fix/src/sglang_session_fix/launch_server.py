@@ -1,0 +1,23 @@
+"""``python -m sglang_session_fix.launch_server <sglang.launch_server arguments>``.
+
+For SGLang without a plugin system (0.5.10 and the forks based on it) when the
+``.pth`` hook is not wanted or site-packages is skipped (``python -S``). The
+hook is installed at module import: under ``spawn`` every child re-imports the
+parent's main module (as ``__mp_main__``), so scheduler processes get it too.
+"""
+
+from __future__ import annotations
+
+import runpy
+
+from sglang_session_fix._autopatch import install
+
+install("launcher", defer_to_plugins=False)
+
+
+def main() -> None:
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
