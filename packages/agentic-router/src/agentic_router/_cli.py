@@ -12,25 +12,40 @@ from collections.abc import Sequence
 # subcommand -> (module, one-line help). The module defines
 # `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("agentic_router.server._serve", "run the OpenAI-compatible proxy in front of engines"),
-    "replay": ("agentic_router.sim.cli_replay", "replay a trace through policies on simulated engines"),
-    "demo": ("agentic_router.sim.cli_demo", "compare policies on the bundled agentic trace (no GPU)"),
+    "serve": (
+        "agentic_router.server._serve",
+        "run the OpenAI-compatible proxy in front of engines",
+    ),
+    "replay": (
+        "agentic_router.sim.cli_replay",
+        "replay a trace through policies on simulated engines",
+    ),
+    "demo": (
+        "agentic_router.sim.cli_demo",
+        "compare policies on the bundled agentic trace (no GPU)",
+    ),
     "bench": ("agentic_router.sim.cli_bench", "drive a trace against a live router over HTTP"),
     "analyze": ("agentic_router.sim.cli_analyze", "read the router's structured JSONL logs"),
+    "plugins": ("agentic_router.cli_plugins", "list installed plugins, scorers, filters, policies"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (to add its arguments), so a
+    broken or slow subcommand never affects the others."""
     parser = argparse.ArgumentParser(prog="agentic-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module_name).add_arguments(sub_parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(args_list)
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     result: int = module.run(args)
     return result
