@@ -303,7 +303,8 @@ class AgenticParams:
     * a user (human) turn starts about 1 step in 9 (8.9 user-initiated vs 73.6
       tool-initiated steps per session on average).
     * appended tokens per step once the prefix is long (32k+): p50 710-951,
-      p90 3.2k-15k: lognormal with median 800 and sigma 1.25 (p90 about 4k).
+      p90 3.2k-15k, p99 27k-50k: lognormal with median 800 and sigma 1.5
+      (p90 about 5.5k, p99 about 26k), capped at 32k.
     * prefixes below 4k tokens are under 2 % of steps: a system prompt plus tool
       schemas of about 8k tokens that is shared by every session of one agent
       (ASSUMED split into 4 agent variants).
@@ -324,7 +325,7 @@ class AgenticParams:
     system_prompt_variants: int = 4
     first_message_median: float = 400.0
     append_median: float = 800.0
-    append_sigma: float = 1.25
+    append_sigma: float = 1.5
     append_max: int = 32_768
     output_median: float = 150.0
     output_sigma: float = 1.0
@@ -426,9 +427,9 @@ def generate_agentic(params: AgenticParams | None = None, *, seed: int = 0) -> T
 #: The bundled demo trace: small enough to replay through several policies in
 #: seconds, loaded enough (on 4 engines) that placement matters.
 DEMO_PARAMS: Final = AgenticParams(
-    sessions=48,
-    session_rate=0.5,
-    steps_median=20.0,
+    sessions=64,
+    session_rate=2.0,
+    steps_median=24.0,
     steps_sigma=0.6,
     steps_max=60,
     max_context_tokens=98_304,

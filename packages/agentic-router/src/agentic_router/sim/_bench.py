@@ -1,0 +1,314 @@
+"""Driving a trace against a live OpenAI-compatible router over HTTP.
+
+Owns the open-loop client: requests are released at their (scaled) trace
+timestamps whatever is still in flight; a session's turns go in order (turn
+k+1 at max(its timestamp, turn k's completion + think time)); every request
+streams, and TTFT and latency are measured on the client. It must not know
+about the simulator's engines: it produces the same `RequestRecord`s, so the
+same summary, table and plots apply.
+
+Prompt text is synthesised from each block's hash id, deterministically: the
+same id gives the same text, so requests that share a prefix of hash ids
+share a byte-identical text prefix and a real engine's prefix cache sees
+exactly the sharing the trace describes. Each block is `block_size` words from
+a vocabulary of common English words that are, with their leading space,
+single tokens in the BPE vocabularies of current open models, so the prompt
+is about `input_length` tokens long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agentic_router.sim._report import RequestRecord
+from agentic_router.sim._trace import Trace, TraceRequest
+
+_WORDS: Final = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there one all we their been has when who will "
+    "more no if out so said what up its about into than them can only other new some could "
+    "time these two may then do first any my now such like our over man me even most made "
+    "after also did many before must through back years where much your way well down "
+    "should because each just those people how too little state good very make world still "
+    "own see men work long get here between both life being under never day same another "
+    "know while last might us great old year off come since against go came right used take "
+    "three states himself few house use during without again place around however home small "
+    "found thought went say part once general high upon school every don does got united left "
+    "number course war until always away something fact though water less public put think "
+    "almost hand enough far took head yet government system better set told nothing night end "
+    "why called didn eyes find going look asked later knew point next program city business "
+    "give group toward young days let room president side social given present several order "
+    "national possible rather second face per among form important often things looked early "
+    "white case john become large big need four within felt along children saw best church "
+    "ever least power development light thing seemed family interest want members mind country "
+    "area others done turned although open god service certain kind problem began different "
+    "door thus help sense means whole matter perhaps itself york times human law line above "
+    "name example action company hands local show whether five history gave today either act "
+    "feet across taken past quite anything seen having death experience body word half really "
+    "week free field car words job moment"
+).split()
+_VOCAB: Final = tuple(_WORDS)
+_VOCAB_N: Final = len(_VOCAB)
+
+
+class PromptSynth:
+    """Deterministic text for a sequence of block hash ids (with a bounded cache)."""
+
+    def __init__(self, block_size: int, cache_blocks: int = 20_000) -> None:
+        self.block_size = block_size
+        self._cache: OrderedDict[int, str] = OrderedDict()
+        self._cap = cache_blocks
+
+    def block_text(self, hash_id: int) -> str:
+        got = self._cache.get(hash_id)
+        if got is not None:
+            self._cache.move_to_end(hash_id)
+            return got
+        need = self.block_size * 2  # two bytes per word index
+        raw = bytearray()
+        counter = 0
+        seed = int(hash_id).to_bytes(8, "little", signed=True)
+        while len(raw) < need:
+            raw += hashlib.blake2b(seed + counter.to_bytes(4, "little"), digest_size=64).digest()
+            counter += 1
+        words = [
+            _VOCAB[(raw[2 * i] | raw[2 * i + 1] << 8) % _VOCAB_N] for i in range(self.block_size)
+        ]
+        text = " " + " ".join(words)
+        self._cache[hash_id] = text
+        if len(self._cache) > self._cap:
+            self._cache.popitem(last=False)
+        return text
+
+    def prompt(self, req: TraceRequest) -> str:
+        """About `input_length` words: full blocks from their ids, the last one cut short.
+        Blocks the trace does not name (hash_ids shorter than the prompt) get ids
+        derived from the request index, so they are never shared by accident."""
+        bs = self.block_size
+        n_blocks = -(-req.input_length // bs)
+        parts = []
+        for i in range(n_blocks):
+            hid = req.hash_ids[i] if i < len(req.hash_ids) else -(req.index * 4096 + i + 1)
+            text = self.block_text(hid)
+            if i == n_blocks - 1 and req.input_length % bs:
+                text = " " + " ".join(text.split(" ")[1 : req.input_length % bs + 1])
+            parts.append(text)
+        return "".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    url: str
+    model: str | None = None
+    api: str = "completions"  # or "chat"
+    speedup: float = 1.0
+    timeout_s: float = 600.0
+    max_connections: int = 1024
+    max_output_tokens: int | None = None
+    session_header: str = "X-Session-Id"
+
+
+def _ttft_chunk(obj: dict[str, Any]) -> bool:
+    """Whether an SSE chunk carries generated text (the first one sets TTFT)."""
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")):
+            return True
+    return False
+
+
+class BenchRunner:
+    """One open-loop run of a trace against `config.url`."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        config: BenchConfig,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.config = config
+        self.progress = progress
+        self.synth = PromptSynth(trace.block_size)
+        self.records: list[RequestRecord | None] = [None] * len(trace.requests)
+        self.done = 0
+        self.t0 = 0.0
+        self.model = config.model or "default"
+
+    async def run(self) -> list[RequestRecord]:
+        import aiohttp
+
+        cfg = self.config
+        timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=10)
+        connector = aiohttp.TCPConnector(limit=cfg.max_connections)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+            if cfg.model is None:
+                self.model = await self._discover_model(http)
+            sessions: dict[str, list[TraceRequest]] = {}
+            loose: list[TraceRequest] = []
+            for r in self.trace.requests:
+                if r.session_id is None:
+                    loose.append(r)
+                else:
+                    sessions.setdefault(r.session_id, []).append(r)
+            self.t0 = time.perf_counter()
+            tasks = [asyncio.create_task(self._one_at(http, r)) for r in loose]
+            tasks += [asyncio.create_task(self._session(http, turns)) for turns in
+                      sessions.values()]
+            await asyncio.gather(*tasks)
+        return [r for r in self.records if r is not None]
+
+    async def _discover_model(self, http: Any) -> str:
+        import aiohttp
+
+        try:
+            async with http.get(self.config.url.rstrip("/") + "/v1/models") as resp:
+                if resp.status == 200:
+                    body = await resp.json()
+                    data = body.get("data") if isinstance(body, dict) else None
+                    if data and isinstance(data[0], dict) and data[0].get("id"):
+                        return str(data[0]["id"])
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass
+        return "default"
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def _sleep_until(self, t: float) -> None:
+        delay = t - self._now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _one_at(self, http: Any, req: TraceRequest) -> None:
+        await self._sleep_until(req.timestamp_s / self.config.speedup)
+        await self._send(http, req)
+
+    async def _session(self, http: Any, turns: Sequence[TraceRequest]) -> None:
+        prev_done: float | None = None
+        speed = self.config.speedup
+        for req in sorted(turns, key=lambda r: r.turn):
+            at = req.timestamp_s / speed
+            if prev_done is not None:
+                at = max(at, prev_done + req.think_time_s / speed)
+            await self._sleep_until(at)
+            await self._send(http, req)
+            prev_done = self._now()
+
+    async def _send(self, http: Any, req: TraceRequest) -> None:
+        import aiohttp
+
+        cfg = self.config
+        text = self.synth.prompt(req)
+        max_tokens = req.output_length
+        if cfg.max_output_tokens is not None:
+            max_tokens = min(max_tokens, cfg.max_output_tokens)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            # vLLM / SGLang extensions: generate exactly max_tokens, as the trace says
+            "ignore_eos": True,
+            "min_tokens": max_tokens,
+        }
+        if cfg.api == "chat":
+            path = "/v1/chat/completions"
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            path = "/v1/completions"
+            body["prompt"] = text
+        headers = {"Content-Type": "application/json"}
+        if req.session_id is not None:
+            headers[cfg.session_header] = req.session_id
+            body["user"] = req.session_id
+        release = self._now()
+        first: float | None = None
+        error: str | None = None
+        cached: int | None = None
+        out_tokens = 0
+        worker = decode_worker = None
+        try:
+            async with http.post(cfg.url.rstrip("/") + path, json=body, headers=headers) as resp:
+                worker = resp.headers.get("X-Agentic-Worker")
+                decode_worker = resp.headers.get("X-Agentic-Decode-Worker")
+                if resp.status != 200:
+                    error = f"http_{resp.status}"
+                    await resp.read()
+                else:
+                    async for raw in resp.content:
+                        line = raw.strip()
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        try:
+                            obj = json.loads(data)
+                        except ValueError:
+                            continue
+                        if not isinstance(obj, dict):
+                            continue
+                        if obj.get("error") is not None:
+                            error = "stream_error"
+                            break
+                        if _ttft_chunk(obj):
+                            out_tokens += 1
+                            if first is None:
+                                first = self._now()
+                        usage = obj.get("usage")
+                        if isinstance(usage, dict):
+                            if isinstance(usage.get("completion_tokens"), int):
+                                out_tokens = usage["completion_tokens"]
+                            details = usage.get("prompt_tokens_details")
+                            if isinstance(details, dict) and isinstance(
+                                details.get("cached_tokens"), int
+                            ):
+                                cached = details["cached_tokens"]
+                    if first is None and error is None:
+                        error = "no_tokens"
+        except TimeoutError:
+            error = "timeout"
+        except aiohttp.ClientError as exc:
+            error = type(exc).__name__
+        end = self._now()
+        self.records[req.index] = RequestRecord(
+            index=req.index,
+            request_id=f"r{req.index}",
+            session_id=req.session_id,
+            turn=req.turn,
+            release_s=release,
+            ttft_s=None if error or first is None else first - release,
+            e2e_s=None if error else end - release,
+            prompt_tokens=req.input_length,
+            cached_tokens=cached,
+            output_tokens=0 if error else out_tokens,
+            worker=worker,
+            decode_worker=decode_worker,
+            error=error,
+        )
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, len(self.trace.requests))
+
+
+def run_bench(
+    trace: Trace, config: BenchConfig, progress: Callable[[int, int], None] | None = None
+) -> tuple[list[RequestRecord], float]:
+    """Run the trace; return the records and the wall time it took."""
+    runner = BenchRunner(trace, config, progress=progress)
+    t0 = time.perf_counter()
+    records = asyncio.run(runner.run())
+    return records, time.perf_counter() - t0

@@ -1,0 +1,247 @@
+"""`agentic-router analyze DIR`: read the structured JSONL logs that the live
+router and the simulator write (DESIGN §7; format in `agentic_router._logs`)
+and report what they say: D-switches and streaks per session, per-worker
+balance, and the admission mode x outcome x reason cross-table.
+
+DIR is one log directory (with `routing-decisions.jsonl`,
+`session-binding.jsonl`, `admission-events.jsonl`) or a directory of them
+(e.g. a replay's `logs/`), in which case each is analysed in turn. Missing
+files are reported as absent; a torn or malformed line is skipped and counted.
+This module only reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROUTING_DECISIONS = "routing-decisions.jsonl"
+SESSION_BINDING = "session-binding.jsonl"
+ADMISSION_EVENTS = "admission-events.jsonl"
+STREAMS = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", type=Path, help="a log directory, or a directory of them")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _records(path: Path, bad: Counter[str]) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                bad[path.name] += 1
+                continue
+            if isinstance(obj, dict):
+                yield obj
+            else:
+                bad[path.name] += 1
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def log_dirs(root: Path) -> list[Path]:
+    """`root` itself if it holds logs, else its subdirectories that do (sorted)."""
+    if any((root / s).is_file() for s in STREAMS):
+        return [root]
+    return sorted(d for d in root.iterdir() if d.is_dir() and any((d / s).is_file()
+                                                                   for s in STREAMS))
+
+
+def analyze_dir(directory: Path) -> dict[str, Any]:
+    """Everything `analyze` reports for one log directory, JSON-able."""
+    bad: Counter[str] = Counter()
+    out: dict[str, Any] = {"dir": str(directory), "absent": []}
+
+    path = directory / ROUTING_DECISIONS
+    if path.is_file():
+        decisions = list(_records(path, bad))
+        per_worker: Counter[str] = Counter()
+        for d in decisions:
+            if d.get("stage") == "decode":
+                continue
+            per_worker[str(d.get("worker"))] += 1
+        out["decisions"] = {
+            "count": len(decisions),
+            "by_policy": dict(Counter(str(d.get("policy")) for d in decisions)),
+            "by_reason": dict(Counter(str(d.get("reason")) for d in decisions).most_common()),
+            "per_worker": dict(sorted(per_worker.items())),
+            "balance_max_over_mean": _balance(per_worker),
+        }
+    else:
+        out["absent"].append(ROUTING_DECISIONS)
+
+    path = directory / SESSION_BINDING
+    if path.is_file():
+        out["sessions"] = _sessions(list(_records(path, bad)))
+    else:
+        out["absent"].append(SESSION_BINDING)
+
+    path = directory / ADMISSION_EVENTS
+    if path.is_file():
+        events = list(_records(path, bad))
+        cross: Counter[tuple[str, str, str]] = Counter()
+        for e in events:
+            outcome = "admitted" if e.get("admitted") else "rejected"
+            cross[(str(e.get("mode")), outcome, str(e.get("reason")))] += 1
+        out["admissions"] = {
+            "count": len(events),
+            "cross_table": [
+                {"mode": m, "outcome": o, "reason": r, "count": n}
+                for (m, o, r), n in sorted(cross.items())
+            ],
+        }
+    else:
+        out["absent"].append(ADMISSION_EVENTS)
+    out["malformed_lines"] = dict(bad)
+    return out
+
+
+def _balance(counts: Mapping[str, int]) -> float | None:
+    if not counts:
+        return None
+    mean = sum(counts.values()) / len(counts)
+    return max(counts.values()) / mean if mean else None
+
+
+def _sessions(bindings: list[dict[str, Any]]) -> dict[str, Any]:
+    by_session: dict[str, list[tuple[float, int, str]]] = {}
+    workers: set[str] = set()
+    for k, b in enumerate(bindings):
+        sid = b.get("session_id")
+        if sid is None:
+            continue
+        serving = b.get("decode_worker") or b.get("worker")
+        if serving is None:
+            continue
+        serving = str(serving)
+        workers.add(serving)
+        turn = b.get("turn")
+        order = float(turn) if isinstance(turn, int | float) else float(k)
+        by_session.setdefault(str(sid), []).append((order, k, serving))
+    switches: list[int] = []
+    streaks: list[int] = []
+    touched_all = 0
+    per_worker_sessions: Counter[str] = Counter()
+    for turns in by_session.values():
+        turns.sort()
+        seq = [w for _, _, w in turns]
+        switches.append(sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b))
+        run = 1
+        for a, b in zip(seq, seq[1:], strict=False):
+            if a == b:
+                run += 1
+            else:
+                streaks.append(run)
+                run = 1
+        streaks.append(run)
+        distinct = set(seq)
+        if len(workers) > 1 and distinct == workers:
+            touched_all += 1
+        per_worker_sessions[seq[0]] += 1
+    n = len(switches)
+    return {
+        "sessions": n,
+        "turns": sum(len(t) for t in by_session.values()),
+        "switches_per_session": {
+            "mean": sum(switches) / n if n else None,
+            "p50": _pct(switches, 50),
+            "p90": _pct(switches, 90),
+            "max": max(switches) if switches else None,
+            "sessions_with_switch": sum(1 for s in switches if s),
+        },
+        "streak_length": {
+            "mean": sum(streaks) / len(streaks) if streaks else None,
+            "p50": _pct(streaks, 50),
+            "max": max(streaks) if streaks else None,
+        },
+        "sessions_touching_every_worker": touched_all,
+        "workers_seen": sorted(workers),
+        "sessions_started_per_worker": dict(sorted(per_worker_sessions.items())),
+    }
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    lines = [f"== {report['dir']}"]
+    d = report.get("decisions")
+    if d:
+        lines.append(
+            f"decisions: {d['count']}  policy {d['by_policy']}  "
+            f"balance max/mean {_fmt(d['balance_max_over_mean'])}"
+        )
+        lines.append(f"  per worker: {d['per_worker']}")
+        reasons = ", ".join(f"{k} {v}" for k, v in list(d["by_reason"].items())[:6])
+        lines.append(f"  reasons: {reasons}")
+    s = report.get("sessions")
+    if s:
+        sw, st = s["switches_per_session"], s["streak_length"]
+        lines.append(
+            f"sessions: {s['sessions']} ({s['turns']} turns)  switches/session mean "
+            f"{_fmt(sw['mean'])} p50 {_fmt(sw['p50'], '.0f')} p90 {_fmt(sw['p90'], '.0f')} "
+            f"max {_fmt(sw['max'])}; sessions with a switch {sw['sessions_with_switch']}; "
+            f"touching every worker {s['sessions_touching_every_worker']}"
+        )
+        lines.append(
+            f"  streak length (turns on one worker): mean {_fmt(st['mean'])} "
+            f"p50 {_fmt(st['p50'], '.0f')} max {_fmt(st['max'])}"
+        )
+        lines.append(f"  sessions started per worker: {s['sessions_started_per_worker']}")
+    a = report.get("admissions")
+    if a:
+        lines.append(f"admissions: {a['count']}")
+        lines.append(f"  {'mode':<12} {'outcome':<9} {'reason':<24} {'count':>7}")
+        for row in a["cross_table"]:
+            lines.append(
+                f"  {row['mode']:<12} {row['outcome']:<9} {row['reason']:<24} {row['count']:>7}"
+            )
+    if report["absent"]:
+        lines.append(f"absent: {', '.join(report['absent'])}")
+    if report["malformed_lines"]:
+        lines.append(f"malformed lines skipped: {report['malformed_lines']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    root: Path = args.dir
+    if not root.is_dir():
+        sys.stderr.write(f"agentic-router analyze: error: {root} is not a directory\n")
+        return 2
+    dirs = log_dirs(root)
+    if not dirs:
+        sys.stderr.write(
+            f"agentic-router analyze: error: no {', '.join(STREAMS)} in {root} "
+            "or its subdirectories\n"
+        )
+        return 2
+    reports = [analyze_dir(d) for d in dirs]
+    if args.json:
+        sys.stdout.write(json.dumps(reports if len(reports) > 1 else reports[0], indent=2) + "\n")
+    else:
+        sys.stdout.write("\n\n".join(format_report(r) for r in reports) + "\n")
+    return 0
