@@ -74,7 +74,12 @@ def make_plugin_manager(
                 failed[ep.name] = repr(exc)
                 log.exception("agentic_router plugin %r failed to load", ep.name)
     for plugin in plugins:
-        pm.register(plugin)
+        base = str(getattr(plugin, "__name__", type(plugin).__name__))
+        name, i = base, 1
+        while pm.has_plugin(name) or pm.is_blocked(name):
+            i += 1
+            name = f"{base}-{i}"
+        pm.register(plugin, name=name)
     pm.agentic_failed = failed  # type: ignore[attr-defined]
     pm.agentic_skipped = skipped  # type: ignore[attr-defined]
     return pm
@@ -100,7 +105,7 @@ class Components:
             ("filter", pm.hook.agentic_router_filters, comp.filters),
             ("policy", pm.hook.agentic_router_policies, comp.policies),
         ):
-            for impl in reversed(hook.get_hookimpls()):  # registration order
+            for impl in hook.get_hookimpls():  # registration order: builtin first
                 result = cast("Sequence[Any] | None", impl.function(config=config))
                 for obj in result or ():
                     name = obj.name

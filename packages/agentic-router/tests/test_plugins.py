@@ -1,0 +1,200 @@
+"""Plugins: hooks, the plugin-manager factory, allow-list, failure isolation, docs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agentic_router import hookspecs
+from agentic_router._cli import main
+from agentic_router.builtin import BUILTIN_POLICIES
+from agentic_router.core import RouterConfig
+from agentic_router.hookspecs import hookimpl
+from agentic_router.plugins import Components, make_plugin_manager
+from agentic_router.policy import PolicySpec, RouterEvent
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _hooks() -> list[str]:
+    return sorted(
+        n
+        for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
+        if n.startswith("agentic_router_")
+    )
+
+
+def test_every_hook_is_documented_in_docs_and_docstring() -> None:
+    text = (ROOT / "docs" / "plugin-hooks.md").read_text()
+    documented = sorted(re.findall(r"^### `(agentic_router_\w+)`", text, flags=re.M))
+    assert documented == _hooks()
+    for name in _hooks():
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        for must in ("When:", "Args:", "Returns:", "firstresult:"):
+            assert must in doc, f"{name} docstring lacks {must!r}"
+
+
+def test_builtins_register_through_the_public_hooks() -> None:
+    pm = make_plugin_manager(load_entry_points=False)
+    comp = Components.collect(pm, RouterConfig())
+    assert set(BUILTIN_POLICIES) <= set(comp.policies)
+    assert {comp.origin[f"policy:{p}"] for p in BUILTIN_POLICIES} == {"builtin"}
+    impls = {i.plugin_name for i in pm.hook.agentic_router_policies.get_hookimpls()}
+    assert impls == {"builtin"}
+
+
+class Exploding:
+    name = "exploding"
+    description = "raises"
+
+    def score(self, ctx):
+        raise RuntimeError("boom")
+
+
+class WrongLength:
+    name = "wrong_length"
+    description = "one value short"
+
+    def score(self, ctx):
+        return [0.0] * (len(ctx.candidates) - 1)
+
+
+class PreferLast:
+    name = "prefer_last"
+    description = "highest index wins"
+
+    def score(self, ctx):
+        return [-float(c) for c in ctx.candidates]
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.decisions: list[int] = []
+        self.events: list[str] = []
+
+    @hookimpl
+    def agentic_router_scorers(self, config):
+        return [Exploding(), WrongLength(), PreferLast()]
+
+    @hookimpl
+    def agentic_router_policies(self, config):
+        return [
+            PolicySpec(
+                "fragile", "test", (("exploding", 1.0), ("wrong_length", 1.0), ("prefer_last", 1.0))
+            )
+        ]
+
+    @hookimpl
+    def agentic_router_decision(self, router, request, decision):
+        self.decisions.append(decision.worker)
+
+    @hookimpl
+    def agentic_router_event(self, router, event: RouterEvent):
+        self.events.append(event.kind)
+        raise ValueError("observer bug")  # must not reach the caller
+
+
+def test_a_raising_scorer_is_logged_and_skipped(
+    make_router, make_request, caplog: pytest.LogCaptureFixture
+) -> None:
+    obs = Observer()
+    router = make_router(3, "fragile", plugins=[obs])
+    with caplog.at_level(logging.ERROR, logger="agentic_router"):
+        d = router.route(make_request(100))
+        router.route(make_request(100))
+    assert d.worker == 2  # the healthy scorer still decides
+    assert set(d.candidates[0].parts) == {"prefer_last"}
+    assert router.plugin_errors["scorer:exploding"] == 2
+    assert router.plugin_errors["scorer:wrong_length"] == 2
+    assert router.plugin_errors["hook:agentic_router_event"] == 2
+    assert sum("scorer 'exploding' failed" in r.getMessage() for r in caplog.records) == 1
+    assert obs.decisions == [2, 2]
+    assert obs.events == ["add", "add"]
+
+
+def test_duplicate_and_dangling_names_fail_at_build(make_router) -> None:
+    class Dup:
+        @hookimpl
+        def agentic_router_policies(self, config):
+            return [PolicySpec("unified", "again", (("load", 1.0),))]
+
+    with pytest.raises(ValueError, match="policy 'unified' is registered by both 'builtin'"):
+        make_router(2, plugins=[Dup()])
+
+    class Dangling:
+        @hookimpl
+        def agentic_router_policies(self, config):
+            return [PolicySpec("dangling", "x", (("no_such_scorer", 1.0),))]
+
+    with pytest.raises(ValueError, match="unknown scorer 'no_such_scorer'"):
+        make_router(2, plugins=[Dangling()])
+
+
+@pytest.fixture
+def installed_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two real distributions on sys.path with entry points: one good, one broken."""
+    for dist, module, body in (
+        (
+            "good_plugin",
+            "good_plugin_mod",
+            """
+            from agentic_router.hookspecs import hookimpl
+            from agentic_router.policy import PolicySpec
+
+            @hookimpl
+            def agentic_router_policies(config):
+                return [PolicySpec("good_policy", "from an entry point", (("load", 1.0),))]
+         """,
+        ),
+        ("broken_plugin", "broken_plugin_mod", "raise ImportError('missing dependency')\n"),
+    ):
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(body))
+        info = tmp_path / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[agentic_router]\n{dist} = {module}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("AGENTIC_ROUTER_PLUGINS", raising=False)
+    return tmp_path
+
+
+def _names(pm) -> set[str]:
+    return {n for n, _ in pm.list_name_plugin()}
+
+
+def test_entry_points_and_allow_list(
+    installed_plugins: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR):
+        pm = make_plugin_manager()
+    assert {"builtin", "good_plugin"} <= _names(pm)
+    assert "missing dependency" in pm.agentic_failed["broken_plugin"]
+    assert "good_policy" in Components.collect(pm, RouterConfig()).policies
+
+    pm = make_plugin_manager(allow=["good_plugin"])
+    assert "good_plugin" in _names(pm)
+    assert "broken_plugin" in pm.agentic_skipped
+    assert not pm.agentic_failed
+
+    monkeypatch.setenv("AGENTIC_ROUTER_PLUGINS", "")
+    assert "good_plugin" not in _names(make_plugin_manager())
+
+
+def test_plugins_subcommand_lists_what_is_installed(
+    installed_plugins: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main(["plugins", "--json", "--allow", "good_plugin"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["policies"]["good_policy"]["plugin"] == "good_plugin"
+    assert info["policies"]["unified"]["scorers"]["migration_target"] == 1.0
+    with caplog.at_level(logging.CRITICAL):
+        assert main(["plugins"]) == 1  # the broken plugin is reported and fails the command
+    out = capsys.readouterr().out
+    assert "broken_plugin" in out
+    assert "FAILED TO LOAD" in out
