@@ -169,7 +169,7 @@ class Proxy:
         self.session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
             timeout=self._connect_timeout,
         )
         if self.config.log_dir:
@@ -464,7 +464,7 @@ class Proxy:
         return web.Response(
             body=data,
             status=status,
-            content_type=upstream.content_type or "application/json",
+            headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
         )
 
     async def _relay_full(
@@ -488,7 +488,7 @@ class Proxy:
         return web.Response(
             body=data,
             status=200,
-            content_type=upstream.content_type or "application/json",
+            headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
         )
 
     async def _relay_stream(

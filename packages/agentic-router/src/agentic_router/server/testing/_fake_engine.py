@@ -101,6 +101,7 @@ class FakeEngine:
         max_model_len: int = 4096,
         state_uri: str | None = None,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.flavor = flavor
         self.role = role
@@ -121,8 +122,15 @@ class FakeEngine:
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
         self._publisher: asyncio.Task[None] | None = None
-        self.port = 0
+        # Sockets are bound here so `url` is known before start(); until then
+        # connections queue in the backlog (they are not refused).
+        self._sock = free_socket(host) if port == 0 else _bind(host, port)
+        self.port: int = self._sock.getsockname()[1]
+        self._bsock: socket.socket | None = None
         self.bootstrap_port: int | None = None
+        if flavor == "sglang" and role == "prefill":
+            self._bsock = free_socket(host)
+            self.bootstrap_port = self._bsock.getsockname()[1]
 
     @property
     def url(self) -> str:
@@ -130,7 +138,7 @@ class FakeEngine:
 
     # ---- lifecycle ----
 
-    async def start(self, port: int = 0) -> FakeEngine:
+    async def start(self) -> FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
@@ -138,15 +146,12 @@ class FakeEngine:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/_fake/kv/{rid}", self._kv_side_channel)
-        sock = free_socket(self.host) if port == 0 else _bind(self.host, port)
-        self.port = sock.getsockname()[1]
-        await self._serve(app, sock)
+        await self._serve(app, self._sock)
         if self.flavor == "sglang" and self.role == "prefill":
             boot = web.Application()
             boot.router.add_get("/_fake/room/{room}", self._bootstrap_room)
-            bsock = free_socket(self.host)
-            self.bootstrap_port = bsock.getsockname()[1]
-            await self._serve(boot, bsock)
+            assert self._bsock is not None
+            await self._serve(boot, self._bsock)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         if self.state_uri:
             self._publisher = asyncio.create_task(self._publish_state())
@@ -168,12 +173,15 @@ class FakeEngine:
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
+        for sock in (self._sock, self._bsock):
+            if sock is not None:
+                sock.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     async def __aenter__(self) -> FakeEngine:
-        return await self.start()
+        return self if self._runners else await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
@@ -188,7 +196,8 @@ class FakeEngine:
         if not isinstance(body, dict):
             return _error(400, "body must be an object")
         chat = request.path.endswith("/chat/completions")
-        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append({"path": request.path, "headers": headers, "body": body})
         f = self.faults
         if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
             if f.fail_count is not None:

@@ -1,0 +1,154 @@
+"""Settings (flag > env > YAML > default) and request parsing: unit tests and invariants."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentic_router._cli import build_parser
+from agentic_router.server import ConfigError, ServerConfig, load_config
+from agentic_router.server._config import add_arguments
+from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
+
+pytestmark = pytest.mark.unit
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_serve_is_a_subcommand() -> None:
+    args = build_parser("serve").parse_args(["serve", "--engine", "http://h:1"])
+    assert load_config(args, env={}).engines == ("http://h:1",)
+
+
+def test_every_setting_has_an_env_twin_and_help() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = parser.format_help()
+    for name in ServerConfig.__dataclass_fields__:
+        field = ServerConfig.__dataclass_fields__[name]
+        assert field.metadata["help"], name
+    for env in (
+        "AGENTIC_ENGINES",
+        "AGENTIC_POLICY",
+        "AGENTIC_ENGINE_STATE_URI",
+        "AGENTIC_ADMIN_TOKEN",
+        "AGENTIC_ROUTER_PLUGINS",
+        "AGENTIC_LOG_DIR",
+    ):
+        assert env in text
+
+
+def test_precedence_flag_over_env_over_yaml(tmp_path: Path) -> None:
+    yaml_file = tmp_path / "router.yaml"
+    yaml_file.write_text(
+        "engines: [http://y1:8000, http://y2:8000]\npolicy: lmetric\nport: 9000\n"
+        "router_options: {overload_factor: 1.5}\nconnect-timeout-s: 3\n"
+    )
+    env = {"AGENTIC_POLICY": "sticky", "AGENTIC_PORT": "9100"}
+    cfg = load_config(_args("--config", str(yaml_file), "--port", "9200"), env=env)
+    assert cfg.engines == ("http://y1:8000", "http://y2:8000")
+    assert cfg.policy == "sticky"  # env beats YAML
+    assert cfg.port == 9200  # flag beats env
+    assert cfg.connect_timeout_s == 3.0
+    assert cfg.router_options == ("overload_factor=1.5",)
+    env_only = load_config(_args(), env={"AGENTIC_ENGINES": "a=http://h:1, http://h:2"})
+    assert [(s.engine_id, s.url) for s in env_only.engine_specs()] == [
+        ("a", "http://h:1"),
+        ("engine_1", "http://h:2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        ((), {}, "no engines"),
+        (("--engine", "h:1"), {}, "http(s)://host:port"),
+        (("--engine", "http://h:1", "--prefill", "http://p:1"), {}, "either"),
+        (("--prefill", "http://p:1"), {}, "no engines"),
+        (("--engine", "http://h:1", "--port", "x"), {}, "port"),
+        (("--engine", "http://h:1"), {"AGENTIC_MAX_RETRIES": "-1"}, "max_retries"),
+        (("--engine", "a=http://h:1", "--engine", "a=http://h:2"), {}, "unique"),
+        (("--engine", "http://h:1"), {"AGENTIC_PD_PROTOCOL": "nixl"}, "pd_protocol"),
+    ],
+)
+def test_bad_settings_are_clear_errors(
+    argv: tuple[str, ...], env: dict[str, str], needle: str
+) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(_args(*argv), env=env)
+    assert needle in str(info.value)
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "r.yaml"
+    f.write_text("engines: [http://h:1]\npolcy: x\n")
+    with pytest.raises(ConfigError, match="unknown setting 'polcy'"):
+        load_config(_args("--config", str(f)), env={})
+
+
+def test_router_options_reach_the_router_config() -> None:
+    from agentic_router.server._routing import router_config
+
+    cfg = ServerConfig(engines=("http://h:1",), router_options=("overload_factor=2", "my_knob=7"))
+    rc = router_config(cfg, ["engine_0"])
+    assert rc.overload_factor == 2.0
+    assert rc.extra == {"my_knob": "7"}
+    with pytest.raises(ConfigError, match="not a float"):
+        router_config(ServerConfig(engines=("http://h:1",), router_options=("max_age_s=x",)), ["e"])
+
+
+def test_session_identity_order() -> None:
+    headers = ("x-session-id", "x-smg-routing-key", "x-user-id")
+    fields = ("session_id", "session_params.session_id", "user")
+    assert session_id_of({"x-user-id": "u", "x-session-id": "s"}, {}, headers, fields) == "s"
+    assert session_id_of({"x-smg-routing-key": "k"}, {"user": "u"}, headers, fields) == "k"
+    assert session_id_of({}, {"user": "u", "session_id": "b"}, headers, fields) == "b"
+    assert session_id_of({}, {"session_params": {"session_id": 7}}, headers, fields) == "7"
+    assert session_id_of({}, {"user": "alice"}, headers, fields) == "alice"
+    assert session_id_of({"x-session-id": ""}, {"user": " "}, headers, fields) is None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(
+    body=st.dictionaries(
+        st.sampled_from(["prompt", "messages", "stream", "max_tokens", "model", "user"]),
+        json_values,
+    ),
+    kind=st.sampled_from([COMPLETIONS, CHAT]),
+)
+def test_parse_body_accepts_or_says_why(body: dict[str, Any], kind: str) -> None:
+    """Any JSON body either parses or raises BadRequest with a message; never anything else."""
+    raw = json.dumps(body).encode()
+    try:
+        parsed = parse_body(raw, kind)
+    except BadRequest as exc:
+        assert exc.status == 400
+        assert exc.message
+        return
+    assert parsed.body == body
+    assert isinstance(parsed.stream, bool)
+
+
+@given(st.binary(max_size=64))
+def test_parse_body_never_crashes_on_bytes(raw: bytes) -> None:
+    with contextlib.suppress(BadRequest):
+        parse_body(raw, COMPLETIONS)
