@@ -163,3 +163,35 @@ def test_sessions_are_bounded() -> None:
     assert reg.session_home("s0", now=5.0) is None
     assert reg.session_home("s4", now=5.0) == 0
     assert reg.session_home("s4", now=14.5) is None  # TTL
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=6)),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 2), max_size=7),
+    st.integers(3, 12),
+)
+def test_prefix_match_equals_a_naive_model(touches: list, probe: list[int], cap: int) -> None:
+    """Bitmask matching == "how many leading blocks are in this worker's LRU"."""
+
+    def chain(shape: list[int]) -> tuple[int, ...]:
+        return tuple(hash(tuple(shape[: i + 1])) & 0xFFFFFFFF for i in range(len(shape)))
+
+    reg = PromptRegistry(6, capacity_blocks=cap, ttl_s=1e9)
+    for t, (worker, shape) in enumerate(touches):
+        reg.touch(worker, chain(shape), now=float(t))
+    want = []
+    for w in range(6):
+        held = reg._workers[w].lru
+        assert len(held) <= cap
+        n = 0
+        for h in chain(probe):
+            if h not in held:
+                break
+            n += 1
+        want.append(n)
+    assert reg.matched_blocks(chain(probe), list(range(6))) == want
+    assert reg.matched_blocks(chain(probe), [4, 1]) == [want[4], want[1]]

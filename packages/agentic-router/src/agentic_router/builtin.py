@@ -197,14 +197,16 @@ class MigrationTargetScorer:
         self.kv_wall = kv_wall
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
-        base = lmetric_costs(ctx)
+        costs = lmetric_costs(ctx)
         bp, kw = self.big_prefill, self.kv_wall
-        return [
-            c
-            + (AVOID_PENALTY if is_big_prefill(s, bp) else 0.0)
-            + (AVOID_PENALTY if is_kv_wall(s, kw) else 0.0)
-            for c, s in zip(base, ctx.states, strict=True)
-        ]
+        for i, s in enumerate(ctx.states):
+            if not s.uses_real:  # no feed, or stale: nothing to avoid (graceful fallback)
+                continue
+            if is_big_prefill(s, bp):
+                costs[i] += AVOID_PENALTY
+            if is_kv_wall(s, kw):
+                costs[i] += AVOID_PENALTY
+        return costs
 
 
 # -- hook implementations --------------------------------------------------------

@@ -142,7 +142,7 @@ class RouterConfig:
     seed: int = 0  # random policy and any plugin randomness
     # prefix identity and registry bounds
     block_size: int = 64  # tokens per block when the router hashes token ids or text
-    registry_capacity_blocks: int = 16384  # per worker
+    registry_capacity_blocks: int = 8192  # per worker (512k tokens at 64 per block)
     registry_ttl_s: float = 600.0
     session_capacity: int = 100_000
     session_ttl_s: float = 3600.0
@@ -251,7 +251,7 @@ class _Trace:
                         "eff_ongoing_decode": s.eff_ongoing_decode,
                         "eff_ongoing_tokens": s.eff_ongoing_tokens,
                     },
-                    real=s.real_fields(),
+                    real=s.real_fields(ctx.now),
                 )
             )
         for w, s, by in self.dropped:
@@ -264,7 +264,7 @@ class _Trace:
                         "eff_num_requests": s.eff_num_requests,
                         "eff_ongoing_tokens": s.eff_ongoing_tokens,
                     },
-                    real=s.real_fields(),
+                    real=s.real_fields(ctx.now),
                     filtered_by=by,
                 )
             )
@@ -364,6 +364,7 @@ class Router:
             if not 0 <= w < self.num_workers:
                 raise ValueError(f"engine_map[{engine_id!r}] = {w} is not a worker index")
         self._real: list[EngineState | None] = [None] * self.num_workers
+        self._inst_cache: list[InstanceState | None] = [None] * self.num_workers
         self._metrics: list[EngineMetrics | None] = [None] * self.num_workers
         self._excess_since: list[float | None] = [None] * self.num_workers
         self.feed_counts: Counter[str] = Counter()
@@ -407,6 +408,33 @@ class Router:
             worker, self.registry.load(worker), self._real[worker], now, self._rules
         )
 
+    def _states(self, workers: list[int], now: float) -> list[InstanceState]:
+        """InstanceStates for a decision, reusing a worker's previous one when its
+        shadow, snapshot and freshness/stall flags are unchanged (the common case
+        between two decisions); `age_s` of a reused one is as of when it was built."""
+        load, real, rules, cache = self.registry.load, self._real, self._rules, self._inst_cache
+        flags = InstanceState.flags
+        out: list[InstanceState] = []
+        for w in workers:
+            sh = load(w)
+            r = real[w]
+            c = cache[w]
+            if r is None:
+                if c is None or c.shadow is not sh or c.real is not None:
+                    c = cache[w] = InstanceState(w, sh)
+            else:
+                age, fresh, stalled = flags(r, now, rules)
+                if (
+                    c is None
+                    or c.shadow is not sh
+                    or c.real is not r
+                    or c.fresh != fresh
+                    or c.stalled != stalled
+                ):
+                    c = cache[w] = InstanceState(w, sh, r, age, fresh, stalled)
+            out.append(c)
+        return out
+
     def instance_state(self, worker: int) -> InstanceState:
         self.workers.check(worker)
         return self._instance(worker, self.clock())
@@ -428,7 +456,7 @@ class Router:
         return ScoringContext(
             request=req,
             candidates=healthy,
-            states=[self._instance(w, now) for w in healthy],
+            states=self._states(healthy, now),
             num_workers=n,
             home=self.registry.session_home(req.session_id, now),
             seq=seq,
@@ -476,16 +504,21 @@ class Router:
                 if len(raw) != m:
                     raise ValueError(f"returned {len(raw)} scores for {m} candidates")
                 vals = [weight * float(v) for v in raw]
-                if not all(math.isfinite(v) for v in vals):
+                if not math.isfinite(math.fsum(vals)):  # any inf or nan makes the sum so
                     raise ValueError("returned a non-finite score")
             except Exception:
                 self._errors.record(f"scorer:{sname}", f"scorer {sname!r}")
                 continue
+            totals = vals if not parts else [t + v for t, v in zip(totals, vals, strict=True)]
             parts[sname] = vals
-            totals = [t + v for t, v in zip(totals, vals, strict=True)]
-        tie_lists = [ctx.feature(f) for f in spec.tie_break]
-        rotation = ctx.rotation()
-        best = min(range(m), key=lambda i: (totals[i], *(t[i] for t in tie_lists), rotation[i]))
+        best_total = min(totals)
+        ties = [i for i, t in enumerate(totals) if t == best_total]
+        if len(ties) == 1:
+            best = ties[0]
+        else:
+            tie_lists = [ctx.feature(f) for f in spec.tie_break]
+            rotation = ctx.rotation()
+            best = min(ties, key=lambda i: (*(t[i] for t in tie_lists), rotation[i]))
         worker = ctx.candidates[best]
         decode_worker: int | None = None
         if self._decode is not None:

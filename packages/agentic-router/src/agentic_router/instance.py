@@ -35,14 +35,113 @@ class RealStateRules:
     step_stall_s: float = 5.0
 
 
-@dataclass(frozen=True, slots=True)
 class InstanceState:
+    """One worker at one instant. Every accessor is a plain attribute computed
+    once in `build` (the decision path reads them for every worker on every
+    request). Treat instances as immutable values."""
+
+    __slots__ = (
+        "age_s",
+        "eff_num_decoding",
+        "eff_num_requests",
+        "eff_ongoing_decode",
+        "eff_ongoing_tokens",
+        "eff_pending_prefill",
+        "fresh",
+        "r_kv_used_frac",
+        "r_max_prefill_remaining",
+        "r_num_prefilling",
+        "real",
+        "shadow",
+        "stalled",
+        "uses_real",
+        "worker",
+    )
+
     worker: int
     shadow: WorkerLoad
     real: EngineState | None  # latest snapshot received for this worker, fresh or not
-    age_s: float | None  # now - real.ts, None when no snapshot was ever received
+    age_s: float | None  # now - real.ts; None when no snapshot was ever received
     fresh: bool
     stalled: bool
+    uses_real: bool  # loads read the real snapshot (fresh, or stalled)
+    # effective loads: max(shadow, real) while fresh (or stalled), else shadow
+    eff_num_requests: int
+    eff_pending_prefill: int
+    eff_ongoing_decode: int
+    eff_num_decoding: int
+    eff_ongoing_tokens: int  # pending prefill + decode context
+    # real-only signals: None unless fresh
+    r_max_prefill_remaining: int | None
+    r_kv_used_frac: float | None
+    r_num_prefilling: int | None
+
+    def __init__(
+        self,
+        worker: int,
+        shadow: WorkerLoad,
+        real: EngineState | None = None,
+        age_s: float | None = None,
+        fresh: bool = False,
+        stalled: bool = False,
+    ) -> None:
+        self.worker = worker
+        self.shadow = shadow
+        self.real = real
+        self.age_s = age_s
+        self.fresh = fresh
+        self.stalled = stalled
+        s_ongoing = shadow.pending_prefill_tokens + shadow.ongoing_decode_tokens
+        if real is not None and (fresh or stalled):
+            self.uses_real = True
+            self.eff_num_requests = max(shadow.num_requests, real.num_running + real.num_waiting)
+            self.eff_pending_prefill = max(
+                shadow.pending_prefill_tokens, real.pending_prefill_tokens
+            )
+            self.eff_ongoing_decode = max(shadow.ongoing_decode_tokens, real.ongoing_decode_tokens)
+            self.eff_num_decoding = max(shadow.num_decoding, real.num_decoding)
+            self.eff_ongoing_tokens = max(
+                s_ongoing, real.pending_prefill_tokens + real.ongoing_decode_tokens
+            )
+        else:
+            self.uses_real = False
+            self.eff_num_requests = shadow.num_requests
+            self.eff_pending_prefill = shadow.pending_prefill_tokens
+            self.eff_ongoing_decode = shadow.ongoing_decode_tokens
+            self.eff_num_decoding = shadow.num_decoding
+            self.eff_ongoing_tokens = s_ongoing
+        if real is not None and fresh:
+            self.r_max_prefill_remaining = real.max_prefill_remaining
+            self.r_kv_used_frac = real.gpu_kv_used_frac
+            self.r_num_prefilling = real.num_prefilling
+        else:
+            self.r_max_prefill_remaining = None
+            self.r_kv_used_frac = None
+            self.r_num_prefilling = None
+
+    def __repr__(self) -> str:
+        return (
+            f"InstanceState(worker={self.worker}, fresh={self.fresh}, stalled={self.stalled}, "
+            f"eff_num_requests={self.eff_num_requests}, "
+            f"eff_ongoing_tokens={self.eff_ongoing_tokens}, "
+            f"r_max_prefill_remaining={self.r_max_prefill_remaining})"
+        )
+
+    @staticmethod
+    def flags(real: EngineState, now: float, rules: RealStateRules) -> tuple[float, bool, bool]:
+        """(age, fresh, stalled) of a snapshot at `now` under `rules`."""
+        age = now - real.ts
+        if age <= rules.max_age_s:
+            stalled = (
+                real.num_running > 0
+                and real.last_step_ts > 0
+                and real.ts - real.last_step_ts >= rules.step_stall_s
+            )
+            return age, True, stalled
+        stalled = real.max_prefill_remaining >= rules.big_prefill_threshold and (
+            age <= rules.stall_hold_s
+        )
+        return age, False, stalled
 
     @staticmethod
     def build(
@@ -53,88 +152,20 @@ class InstanceState:
         rules: RealStateRules,
     ) -> InstanceState:
         if real is None:
-            return InstanceState(worker, shadow, None, None, False, False)
-        age = now - real.ts
-        fresh = age <= rules.max_age_s
-        if fresh:
-            stalled = (
-                real.num_running > 0
-                and real.last_step_ts > 0
-                and real.ts - real.last_step_ts >= rules.step_stall_s
-            )
-        else:
-            stalled = (
-                real.max_prefill_remaining >= rules.big_prefill_threshold
-                and age <= rules.stall_hold_s
-            )
+            return InstanceState(worker, shadow)
+        age, fresh, stalled = InstanceState.flags(real, now, rules)
         return InstanceState(worker, shadow, real, age, fresh, stalled)
 
-    @property
-    def uses_real(self) -> bool:
-        """Whether load accessors read the real snapshot (fresh, or stalled)."""
-        return self.real is not None and (self.fresh or self.stalled)
-
-    # -- effective loads: max(shadow, real) while fresh (or stalled) --------
-    @property
-    def eff_num_requests(self) -> int:
-        s = self.shadow.num_requests
-        r = self.real
-        if r is None or not (self.fresh or self.stalled):
-            return s
-        return max(s, r.num_running + r.num_waiting)
-
-    @property
-    def eff_pending_prefill(self) -> int:
-        s = self.shadow.pending_prefill_tokens
-        r = self.real
-        if r is None or not (self.fresh or self.stalled):
-            return s
-        return max(s, r.pending_prefill_tokens)
-
-    @property
-    def eff_ongoing_decode(self) -> int:
-        s = self.shadow.ongoing_decode_tokens
-        r = self.real
-        if r is None or not (self.fresh or self.stalled):
-            return s
-        return max(s, r.ongoing_decode_tokens)
-
-    @property
-    def eff_num_decoding(self) -> int:
-        s = self.shadow.num_decoding
-        r = self.real
-        if r is None or not (self.fresh or self.stalled):
-            return s
-        return max(s, r.num_decoding)
-
-    @property
-    def eff_ongoing_tokens(self) -> int:
-        """Tokens of work in flight: pending prefill plus decode context."""
-        s = self.shadow.pending_prefill_tokens + self.shadow.ongoing_decode_tokens
-        r = self.real
-        if r is None or not (self.fresh or self.stalled):
-            return s
-        return max(s, r.pending_prefill_tokens + r.ongoing_decode_tokens)
-
-    # -- real-only signals: None unless fresh ------------------------------
-    @property
-    def r_max_prefill_remaining(self) -> int | None:
-        return self.real.max_prefill_remaining if self.fresh and self.real else None
-
-    @property
-    def r_kv_used_frac(self) -> float | None:
-        return self.real.gpu_kv_used_frac if self.fresh and self.real else None
-
-    @property
-    def r_num_prefilling(self) -> int | None:
-        return self.real.num_prefilling if self.fresh and self.real else None
-
-    def real_fields(self) -> dict[str, Any]:
-        """The real-state fields a decision used (for the decision record)."""
+    def real_fields(self, now: float | None = None) -> dict[str, Any]:
+        """The real-state fields a decision used (for the decision record);
+        `age_s` is computed at `now` when given."""
+        age = self.age_s
+        if now is not None and self.real is not None:
+            age = now - self.real.ts
         return {
             "fresh": self.fresh,
             "stalled": self.stalled,
-            "age_s": None if self.age_s is None else round(self.age_s, 4),
+            "age_s": None if age is None else round(age, 4),
             "seq": None if self.real is None else self.real.seq,
             "r_max_prefill_remaining": self.r_max_prefill_remaining,
             "r_kv_used_frac": self.r_kv_used_frac,

@@ -211,7 +211,7 @@ class PromptRegistry:
         self,
         num_workers: int,
         *,
-        capacity_blocks: int = 16384,
+        capacity_blocks: int = 8192,
         ttl_s: float = 600.0,
         session_capacity: int = 100_000,
         session_ttl_s: float = 3600.0,
@@ -223,7 +223,7 @@ class PromptRegistry:
         self.session_capacity = session_capacity
         self.session_ttl_s = session_ttl_s
         self._workers = [_WorkerBlocks() for _ in range(num_workers)]
-        self._holders: dict[int, set[int]] = {}
+        self._holders: dict[int, int] = {}  # block hash -> bitmask of workers holding it
         self._loads = [WorkerLoad() for _ in range(num_workers)]
         # session -> (home worker, last seen); order = recency
         self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -241,31 +241,31 @@ class PromptRegistry:
     def touch(self, worker: int, block_hashes: Sequence[int], now: float) -> None:
         lru = self._workers[worker].lru
         holders = self._holders
+        bit = 1 << worker
         for h in reversed(block_hashes):
             if h in lru:
                 lru.move_to_end(h)
             else:
-                ws = holders.get(h)
-                if ws is None:
-                    holders[h] = {worker}
-                else:
-                    ws.add(worker)
+                holders[h] = holders.get(h, 0) | bit
             lru[h] = now
         self._evict(worker, now)
 
     def _evict(self, worker: int, now: float) -> None:
         lru = self._workers[worker].lru
         cutoff = now - self.ttl_s
+        cap = self.capacity_blocks
+        holders = self._holders
+        keep = ~(1 << worker)
         while lru:
             h, ts = next(iter(lru.items()))
-            if len(lru) <= self.capacity_blocks and ts >= cutoff:
+            if len(lru) <= cap and ts >= cutoff:
                 break
             lru.popitem(last=False)
-            ws = self._holders.get(h)
-            if ws is not None:
-                ws.discard(worker)
-                if not ws:
-                    del self._holders[h]
+            mask = holders.get(h, 0) & keep
+            if mask:
+                holders[h] = mask
+            else:
+                holders.pop(h, None)
             self.evicted_blocks += 1
 
     def expire(self, now: float) -> None:
@@ -281,28 +281,44 @@ class PromptRegistry:
             self.evicted_sessions += 1
 
     def matched_blocks(self, block_hashes: Sequence[int], candidates: Iterable[int]) -> list[int]:
-        """For each candidate worker, how many leading blocks of the chain it holds."""
-        cands = list(candidates)
-        out = dict.fromkeys(cands, 0)
+        """For each candidate worker, how many leading blocks of the chain it holds.
+
+        Holders are bitmasks (bit w = worker w), so one AND per block narrows
+        every worker at once; a worker's depth is recorded when its bit drops.
+        """
+        cands = candidates if isinstance(candidates, list) else list(candidates)
         if not block_hashes:
             return [0] * len(cands)
-        alive = self._holders.get(block_hashes[0])
+        holders = self._holders
+        alive = holders.get(block_hashes[0], 0)
+        if alive:
+            n = len(self._workers)
+            if len(cands) != n:
+                cmask = 0
+                for c in cands:
+                    cmask |= 1 << c
+                alive &= cmask
         if not alive:
             return [0] * len(cands)
-        alive = alive & set(cands)
+        depth_of: dict[int, int] = {}
         depth = 1
         for h in block_hashes[1:]:
+            nxt = holders.get(h, 0) & alive
+            dropped = alive ^ nxt
+            while dropped:
+                low = dropped & -dropped
+                depth_of[low.bit_length() - 1] = depth
+                dropped ^= low
+            alive = nxt
             if not alive:
                 break
-            nxt = self._holders.get(h)
-            still = alive & nxt if nxt else set()
-            for w in alive - still:
-                out[w] = depth
-            alive = still
             depth += 1
-        for w in alive:
-            out[w] = depth
-        return [out[w] for w in cands]
+        while alive:
+            low = alive & -alive
+            depth_of[low.bit_length() - 1] = depth
+            alive ^= low
+        get = depth_of.get
+        return [get(c, 0) for c in cands]
 
     def blocks_held(self, worker: int) -> int:
         return len(self._workers[worker].lru)
