@@ -24,7 +24,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentic_common import EngineState
-
 from agentic_router.sim._engine import EngineMetricsSample, SimRequest
 
 if TYPE_CHECKING:
@@ -74,8 +73,9 @@ class RouterDriver:
             )
         else:
             self.n_prefill = 0
-            self.prefill = Router(topo.decode, config.policy, config=base, plugin_manager=pm,
-                                  clock=clock)
+            self.prefill = Router(
+                topo.decode, config.policy, config=base, plugin_manager=pm, clock=clock
+            )
             self.decode = None
         self.logs: JsonlLogs | None = None
         if config.log_dir is not None:
@@ -122,8 +122,10 @@ class RouterDriver:
         self._routing[req.request_id] = rr
         if self.logs is not None:
             self.logs.decision(
-                req.request_id, req.session_id, decision.to_log(), stage="prefill" if self.pd
-                else "aggregated"
+                req.request_id,
+                req.session_id,
+                decision.to_log(),
+                stage="prefill" if self.pd else "aggregated",
             )
             worker_name = self.names[worker]
             decode_name = None if decode is None else self.names[decode]

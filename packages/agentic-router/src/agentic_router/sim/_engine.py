@@ -33,12 +33,12 @@ Scheduler semantics follow vLLM v1 (`vllm/v1/core/sched/scheduler.py`):
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from agentic_common import EngineState, kv_used_frac
-
 from agentic_router.sim._model import CostModel, EngineConfig, blocks_for
 
 
@@ -132,10 +132,17 @@ class SimEngine:
     """A single engine instance in virtual time."""
 
     def __init__(
-        self, engine_id: str, config: EngineConfig, *, pid: int | None = None, index: int = 0
+        self,
+        engine_id: str,
+        config: EngineConfig,
+        *,
+        pid: int | None = None,
+        index: int = 0,
+        decode_runs: bool = True,
     ) -> None:
         self.engine_id = engine_id
         self.index = index
+        self.decode_runs = decode_runs  # False: every decode step is its own event (tests)
         self.config = config
         self.cost = CostModel(config)
         self.block_size = config.block_size
@@ -158,6 +165,13 @@ class SimEngine:
         self.step_end = 0.0
         self.step_prefill_s = 0.0
         self._scheduled: list[tuple[SimRequest, int]] = []
+        # a run of decode-only steps simulated as one (see `_start_decode_run`)
+        self.step_gen = 0
+        self._run_steps = 0  # > 0 while a decode run is in flight
+        self._run_c = 0.0
+        self._run_a = 0.0
+        self._run_ctx0 = 0
+        self._run_batch = 0
         self.last_step_ts = 0.0
         self.seq = 0
         # counters
@@ -284,9 +298,20 @@ class SimEngine:
         self.waiting.appendleft(victim)
 
     def start_step(self, now: float) -> float | None:
-        """Schedule one step at `now`; return when it ends, or None if there is no work."""
+        """Schedule one step at `now`; return when it ends, or None if there is no work.
+
+        When every running request is decoding and nothing waits, the engine runs
+        decode-only steps until the first request finishes: those steps are
+        simulated as one run with the exact summed duration; anything that
+        changes the engine meanwhile calls `interrupt`, which cuts the run at the
+        step in flight, as a real scheduler admits new work at its next step."""
         if self.busy:
             raise RuntimeError(f"{self.engine_id}: step already in flight")
+        self.step_gen += 1
+        if self.decode_runs and not self.waiting and self.running:
+            end = self._start_decode_run(now)
+            if end is not None:
+                return end
         budget = self.budget
         scheduled: list[tuple[SimRequest, int]] = []
         prefill_s = 0.0
@@ -364,6 +389,92 @@ class SimEngine:
         self._dirty = True
         return self.step_end
 
+    def _start_decode_run(self, now: float) -> float | None:
+        steps = 1 << 30
+        ctx0 = 0
+        for req in self.running:
+            total = req.prompt_tokens + req.generated
+            if req.generated == 0 or req.num_computed != total - 1:
+                return None
+            steps = min(steps, req.target_output - req.generated)
+            ctx0 += total
+        if steps < 2:
+            return None
+        for req in self.running:
+            if not self._grow(req, req.num_computed + steps):
+                return None  # not enough KV for the whole run: step by step (may preempt)
+        batch = len(self.running)
+        c, a = self.cost.decode_run(batch, ctx0)
+        self._run_steps = steps
+        self._run_c, self._run_a, self._run_ctx0, self._run_batch = c, a, ctx0, batch
+        duration = self.cost.decode_run_time(c, a, ctx0, batch, steps)
+        self._scheduled = [(req, 1) for req in self.running]
+        self.busy = True
+        self.step_started = now
+        self.last_step_ts = now
+        self.step_end = now + duration
+        self.step_prefill_s = 0.0
+        self._dirty = True
+        return self.step_end
+
+    def _run_time(self, steps: int) -> float:
+        return self.cost.decode_run_time(
+            self._run_c, self._run_a, self._run_ctx0, self._run_batch, steps
+        )
+
+    def _run_steps_done(self, now: float) -> int:
+        """Decode steps of the current run completed by `now`: the largest m with
+        T(m) <= elapsed, T(m) = A m^2 + B m (solved, then nudged for rounding)."""
+        elapsed = now - self.step_started
+        half = self._run_a * self._run_batch * 0.5
+        lin = self._run_c + self._run_a * self._run_ctx0 - half
+        if half > 0:
+            m = int((-lin + math.sqrt(lin * lin + 4.0 * half * elapsed)) / (2.0 * half))
+        else:
+            m = int(elapsed / lin) if lin > 0 else 0
+        m = max(0, min(m, self._run_steps))
+        while m < self._run_steps and self._run_time(m + 1) <= elapsed:
+            m += 1
+        while m > 0 and self._run_time(m) > elapsed:
+            m -= 1
+        return m
+
+    def interrupt(self, now: float) -> float | None:
+        """Something changed (a new request, KV arrived): end a decode run at the
+        step in flight. Returns the run's new end (the caller reschedules; the old
+        end is void because `step_gen` changed), or None if nothing was cut."""
+        if not (self.busy and self._run_steps) or now >= self.step_end:
+            return None
+        steps = min(self._run_steps_done(now) + 1, self._run_steps)
+        if steps == self._run_steps:
+            return None
+        self._run_steps = steps
+        self.step_end = self.step_started + self._run_time(steps)
+        self.step_gen += 1
+        return self.step_end
+
+    def _finish_decode_run(self, now: float, out: StepOutcome) -> StepOutcome:
+        steps = self._run_steps
+        self._run_steps = 0
+        self.steps += steps
+        self.busy_s += now - self.step_started
+        self.last_step_ts = self.step_started + self._run_time(steps - 1)
+        finished = out.finished
+        for req, _ in self._scheduled:
+            req.num_computed += steps
+            req.generated += steps
+            if req.generated >= req.target_output:
+                finished.append(req)
+        self._scheduled = []
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+            for req in finished:
+                req.finish_time = now
+                if not req.prefill_only:
+                    self._release(req)
+        return out
+
     def finish_step(self, now: float) -> StepOutcome:
         """Apply the step that ends at `now`: tokens computed, tokens sampled."""
         out = StepOutcome([], [], [])
@@ -371,6 +482,8 @@ class SimEngine:
             return out
         self.busy = False
         self._dirty = True
+        if self._run_steps:
+            return self._finish_decode_run(now, out)
         finished = out.finished
         for req, n in self._scheduled:
             if n > 1:
@@ -495,24 +608,31 @@ class SimEngine:
     def snapshot(self, now: float) -> EngineState:
         """The `EngineState` the real plugin would publish now (virtual time)."""
         running, waiting, free, pending, ndec, dtok, npre, remote, mx = self._counts()
+        last_step = self.last_step_ts
+        if self._run_steps and self.busy:
+            done = self._run_steps_done(now)
+            dtok += self._run_batch * done
+            last_step = self.step_started + self._run_time(done)
         self.seq += 1
+        total = self.total_blocks
+        # positional: this runs 20 times a second per engine
         return EngineState(
-            engine_id=self.engine_id,
-            ts=now,
-            seq=self.seq,
-            pid=self.pid,
-            num_running=running,
-            num_waiting=waiting,
-            gpu_blocks_total=self.total_blocks,
-            gpu_blocks_free=free,
-            gpu_kv_used_frac=kv_used_frac(self.total_blocks, free),
-            pending_prefill_tokens=pending,
-            num_decoding=ndec,
-            ongoing_decode_tokens=dtok,
-            num_prefilling=npre,
-            num_remote_prefill=remote,
-            last_step_ts=self.last_step_ts,
-            max_prefill_remaining=mx,
+            self.engine_id,
+            now,
+            self.seq,
+            self.pid,
+            running,
+            waiting,
+            total,
+            free,
+            kv_used_frac(total, free),
+            pending,
+            ndec,
+            dtok,
+            npre,
+            remote,
+            last_step,
+            mx,
         )
 
     def metrics_sample(self) -> EngineMetricsSample:

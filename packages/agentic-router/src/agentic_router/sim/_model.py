@@ -185,6 +185,19 @@ class CostModel:
             done += n
         return total
 
+    def decode_run(self, batch: int, context_tokens: int) -> tuple[float, float]:
+        """(c, a) such that decode-only step j (0-based) of a batch that keeps its
+        `batch` sequences takes c + a * (context_tokens + batch * j): each step adds one
+        token of context per sequence. Lets the engine skip ahead over many decode
+        steps at once, exactly (`decode_run_time`)."""
+        c = self._step_overhead + self.decode_s(batch, 0)
+        return c, self._kv_s_per_token
+
+    @staticmethod
+    def decode_run_time(c: float, a: float, ctx0: int, batch: int, steps: int) -> float:
+        """Total time of `steps` consecutive decode-only steps (see `decode_run`)."""
+        return steps * c + a * (steps * ctx0 + batch * steps * (steps - 1) / 2)
+
     def kv_transfer_s(self, tokens: int) -> float:
         """P->D transfer of `tokens` tokens of KV."""
         if tokens <= 0:

@@ -7,6 +7,7 @@ Owns presentation only; it must not run anything. matplotlib is the optional
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -97,7 +98,7 @@ def session_switches(records: Sequence[RequestRecord]) -> dict[str, int]:
     out = {}
     for sid, turns in by_session.items():
         turns.sort()
-        out[sid] = sum(1 for a, b in zip(turns, turns[1:], strict=False) if a[1] != b[1])
+        out[sid] = sum(1 for a, b in itertools.pairwise(turns) if a[1] != b[1])
     return out
 
 
@@ -269,8 +270,10 @@ def format_table(summaries: Sequence[Mapping[str, Any]], *, markdown: bool = Fal
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
-    widths = [max(len(h), len(u), *(len(r[i]) for r in rows)) for i, (h, u) in
-              enumerate(zip(head, units, strict=True))]
+    widths = [
+        max(len(h), len(u), *(len(r[i]) for r in rows))
+        for i, (h, u) in enumerate(zip(head, units, strict=True))
+    ]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
@@ -364,8 +367,9 @@ def write_plots(
         n = len(loads)
         cols = 2 if n > 1 else 1
         rows = math.ceil(n / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 2.6 * rows), squeeze=False,
-                                 sharex=True, sharey=True)
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(6 * cols, 2.6 * rows), squeeze=False, sharex=True, sharey=True
+        )
         for k, (label, (times, samples, names)) in enumerate(loads.items()):
             a = axes[k // cols][k % cols]
             for w, name in enumerate(names):

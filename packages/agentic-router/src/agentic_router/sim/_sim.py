@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentic_common import DropReason, EngineState
-
 from agentic_router.sim._engine import SimEngine, SimRequest
 from agentic_router.sim._model import EngineConfig
 from agentic_router.sim._trace import Trace, TraceRequest
@@ -242,7 +241,9 @@ class Simulation:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run(self, *, until: float | None = None) -> RunResult:
+        """Replay the trace; with `until`, stop at that virtual time (the Router and the
+        engines stay as they were then, for inspection) instead of at the last request."""
         cfg = self.config
         wall0 = time.perf_counter()
         speed = cfg.speedup
@@ -261,11 +262,18 @@ class Simulation:
         engines = self.engines
         pop = heapq.heappop
         progress_every = max(1, total // 200)
+        stop = float("inf") if until is None else until
         while heap and self._done < total:
+            if heap[0][0] > stop:
+                self.now = stop
+                break
             t, kind, _, obj = pop(heap)
             self.now = t
             if kind == _STEP:
-                self._on_step_end(engines[obj])
+                engine = engines[obj[0]]
+                if obj[1] != engine.step_gen:
+                    continue  # a decode run that was cut short: its new end is queued
+                self._on_step_end(engine)
                 if self.progress is not None and self._done % progress_every == 0:
                     self.progress(self._done, total)
             elif kind == _ARRIVE:
@@ -284,7 +292,8 @@ class Simulation:
                 self._push(t + cfg.sample_period_s, _SAMPLE, None)
         if self.progress is not None:
             self.progress(self._done, total)
-        self.driver.close()
+        if until is None:
+            self.driver.close()
         reqs = [r for r in self.sim_requests if r is not None]
         return RunResult(
             config=cfg,
@@ -318,7 +327,14 @@ class Simulation:
             return
         end = engine.start_step(self.now)
         if end is not None:
-            self._push(end, _STEP, engine_index)
+            self._push(end, _STEP, (engine_index, engine.step_gen))
+
+    def _interrupt(self, engine_index: int) -> None:
+        """The engine's state is about to change: cut a decode run at its step in flight."""
+        engine = self.engines[engine_index]
+        end = engine.interrupt(self.now)
+        if end is not None:
+            self._push(end, _STEP, (engine_index, engine.step_gen))
 
     def _on_arrival(self, index: int) -> None:
         tr: TraceRequest = self.trace.requests[index]
@@ -355,6 +371,7 @@ class Simulation:
         if decode_worker is not None and decode_worker != worker:
             req.target_output = 1
             req.prefill_only = True
+        self._interrupt(worker)
         engine.submit(req)
         self._start(worker)
 
@@ -403,6 +420,7 @@ class Simulation:
         self.driver.transfer_done(req)
         self._start(req.worker)
         d = self.engines[req.decode_worker]
+        self._interrupt(req.decode_worker)
         d.transfer_done(req)
         self._start(req.decode_worker)
 

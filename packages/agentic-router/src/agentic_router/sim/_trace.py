@@ -280,10 +280,11 @@ def bundled_trace(name: str = "agentic") -> Trace:
 
 def write_mooncake(trace: Trace, path: str | Path) -> None:
     p = Path(path)
-    opener = gzip.open(p, "wt", encoding="utf-8") if p.suffix == ".gz" else p.open("w")
-    with opener as fh:
-        for r in trace.requests:
-            fh.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+    text = "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in trace.requests)
+    if p.suffix == ".gz":
+        p.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        p.write_text(text, encoding="utf-8")
 
 
 # -- the agentic session generator -------------------------------------------------------------

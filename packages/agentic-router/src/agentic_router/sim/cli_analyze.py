@@ -13,6 +13,7 @@ This module only reads.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections import Counter
@@ -33,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _records(path: Path, bad: Counter[str]) -> Iterator[dict[str, Any]]:
     with path.open(encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            line = line.strip()
+        for raw in fh:
+            line = raw.strip()
             if not line:
                 continue
             try:
@@ -62,8 +63,9 @@ def log_dirs(root: Path) -> list[Path]:
     """`root` itself if it holds logs, else its subdirectories that do (sorted)."""
     if any((root / s).is_file() for s in STREAMS):
         return [root]
-    return sorted(d for d in root.iterdir() if d.is_dir() and any((d / s).is_file()
-                                                                   for s in STREAMS))
+    return sorted(
+        d for d in root.iterdir() if d.is_dir() and any((d / s).is_file() for s in STREAMS)
+    )
 
 
 def analyze_dir(directory: Path) -> dict[str, Any]:
@@ -144,10 +146,10 @@ def _sessions(bindings: list[dict[str, Any]]) -> dict[str, Any]:
     for turns in by_session.values():
         turns.sort()
         seq = [w for _, _, w in turns]
-        switches.append(sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b))
+        switches.append(sum(1 for prev, cur in itertools.pairwise(seq) if prev != cur))
         run = 1
-        for a, b in zip(seq, seq[1:], strict=False):
-            if a == b:
+        for prev, cur in itertools.pairwise(seq):
+            if prev == cur:
                 run += 1
             else:
                 streaks.append(run)

@@ -173,7 +173,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     if not args.no_plots:
         loads = _inflight(records)
         plots = write_plots(
-            out_dir, [summary], {args.label: [r.ttft_s for r in records if r.ttft_s]},
+            out_dir,
+            [summary],
+            {args.label: [r.ttft_s for r in records if r.ttft_s]},
             {args.label: loads} if loads[0] else {},
         )
     if args.json:

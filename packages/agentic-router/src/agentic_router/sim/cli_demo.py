@@ -70,8 +70,11 @@ def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
         p90 = on["ttft_s"]["p90"] / off["ttft_s"]["p90"] - 1.0 if off["ttft_s"]["p90"] else 0.0
         feed_lines.append(f"{policy} {100 * delta:+.0f} % mean / {100 * p90:+.0f} % p90")
     if feed_lines:
-        out.append("Feed on vs off (TTFT change; negative = the feed helped): " + "; ".join(
-            feed_lines) + ".")
+        out.append(
+            "Feed on vs off (TTFT change; negative = the feed helped): "
+            + "; ".join(feed_lines)
+            + "."
+        )
     return out
 
 

@@ -22,8 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace",
         required=True,
-        help="Mooncake JSONL (.jsonl[.gz]), Azure CSV (.csv), or a bundled trace name "
-        "('agentic')",
+        help="Mooncake JSONL (.jsonl[.gz]), Azure CSV (.csv), or a bundled trace name ('agentic')",
     )
     add_matrix_arguments(parser)
 
@@ -134,7 +133,9 @@ class Progress:
         mean = summary["ttft_s"]["mean"]
         text = (
             f"  [{self.run_index}/{self.total_runs}] {self.label:<22} done in {took:5.1f} s"
-            f"  (mean TTFT {mean:.3f} s)" if mean is not None else ""
+            f"  (mean TTFT {mean:.3f} s)"
+            if mean is not None
+            else ""
         )
         if self.tty:
             self.stream.write("\r" + text.ljust(100) + "\n")
@@ -278,13 +279,15 @@ def run_matrix_cli(
 
 
 def _check_policies(policies: Sequence[str]) -> None:
-    from agentic_router.plugins import Components, make_plugin_manager
     from agentic_router.core import RouterConfig
+    from agentic_router.plugins import Components, make_plugin_manager
 
     known = Components.collect(make_plugin_manager(), RouterConfig()).policies
     unknown = [p for p in policies if p not in known]
     if unknown:
-        raise ValueError(f"unknown policy {', '.join(unknown)}; installed: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"unknown policy {', '.join(unknown)}; installed: {', '.join(sorted(known))}"
+        )
 
 
 def _engine_doc(engine: Any) -> dict[str, Any]:
