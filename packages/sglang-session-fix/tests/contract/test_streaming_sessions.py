@@ -128,7 +128,7 @@ def test_recompute_returns_stale_kv_and_the_request_completes_prefill(model_dir:
 def test_abort_detaches_the_session_and_finishes_with_an_error(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sglang.srt.managers.schedule_batch as schedule_batch
+    from sglang.srt.managers import schedule_batch
 
     # set_finish_with_abort asks the TP group for its rank; there is no group here.
     monkeypatch.setattr(schedule_batch, "get_tensor_model_parallel_rank", lambda: 0)
