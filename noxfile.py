@@ -250,30 +250,3 @@ def cross(session: nox.Session) -> None:
     (real file transport and a real redis-server)."""
     _install_router(session)
     _pytest(session, "tests")
-
-
-# ---- agentic-router ----
-ROUTER_EXAMPLE_PLUGIN = "docs/examples/agentic-router-example-scorer"
-
-
-def _install_router(session: nox.Session) -> None:
-    session.install(*TEST_DEPS)
-    session.install(
-        "-e", f"{PACKAGES['common']}[redis]", "-e", PACKAGES["router"], "-e", ROUTER_EXAMPLE_PLUGIN
-    )
-
-
-@nox.session(name="tests-agentic-router")
-def tests_agentic_router(session: nox.Session) -> None:
-    """The router package's tests and the example scorer plugin's (installed, so
-    its entry point is discovered like a third-party plugin's)."""
-    _install_router(session)
-    _pytest(session, f"{PACKAGES['router']}/tests", f"{ROUTER_EXAMPLE_PLUGIN}/tests")
-
-
-@nox.session
-def cross(session: nox.Session) -> None:
-    """tests/ at the repo root: engines publish -> the router's feed reads -> routing
-    (real file transport and a real redis-server)."""
-    _install_router(session)
-    _pytest(session, "tests")
