@@ -198,3 +198,56 @@ def test_plugins_subcommand_lists_what_is_installed(
     out = capsys.readouterr().out
     assert "broken_plugin" in out
     assert "FAILED TO LOAD" in out
+
+
+class DecodeElsewhere:
+    """A toy Mechanism-B selector: decode on the least-loaded worker other than prefill."""
+
+    def __init__(self, config) -> None:
+        self.events: list[tuple[str, int | None, dict]] = []
+
+    def select(self, ctx, prefill_worker: int) -> int | None:
+        others = [
+            (s.eff_num_requests, c)
+            for c, s in zip(ctx.candidates, ctx.states, strict=True)
+            if c != prefill_worker
+        ]
+        return min(others)[1] if others else None
+
+    def on_event(self, event: RouterEvent) -> None:
+        self.events.append((event.kind, event.worker, dict(event.payload)))
+
+
+class MechanismB:
+    @hookimpl
+    def agentic_router_policies(self, config):
+        return [
+            PolicySpec(
+                "toy_b",
+                "prefill by load, decode elsewhere",
+                (("load", 1.0),),
+                decode_selector=DecodeElsewhere,
+            )
+        ]
+
+
+def test_a_policy_can_pick_a_decode_worker_and_see_events(make_router, make_request) -> None:
+    router = make_router(3, "toy_b", plugins=[MechanismB()])
+    router.add_request(make_request(10), 1)  # worker 1 busy: decode goes to 2
+    d = router.route(make_request(500, request_id="x", session="s"))
+    assert (d.worker, d.decode_worker) == (0, 2)
+    assert d.to_log()["decode_worker"] == 2
+    assert router.instance_state(0).shadow.pending_prefill_tokens == 500
+    router.mark_prefill_completed("x")
+    assert router.state.index.owner("x") == 2
+    assert router.instance_state(2).shadow.ongoing_decode_tokens == 500
+    assert router.instance_state(0).shadow.num_requests == 0
+    router.notify("admission", request_id="x", worker=2, session_id="s", admitted=True)
+    router.free("x")
+    selector = router._decode
+    assert selector.events[-4:] == [
+        ("add", 0, {"decode_worker": 2}),
+        ("prefill_completed", 2, {"decode_worker": 2, "prefill_worker": 0}),
+        ("admission", 2, {"admitted": True}),
+        ("free", 2, {"decode_worker": 2, "prefill_worker": 0}),
+    ]

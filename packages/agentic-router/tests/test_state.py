@@ -35,6 +35,7 @@ event = st.one_of(
         st.integers(0, NUM_WORKERS - 1),
         st.integers(0, 5000),  # prompt tokens
         st.lists(st.integers(0, 3), max_size=6),  # prefix shape
+        st.none() | st.integers(0, NUM_WORKERS - 1),  # decode worker (P/D, Mechanism B)
     ),
     st.tuples(st.just("prefill"), st.integers(0, 40)),  # includes never-added ids
     st.tuples(st.just("free"), st.integers(0, 40)),
@@ -47,13 +48,14 @@ def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> 
     s = _state(capacity=16)
     owner: dict[str, int] = {}  # the model: who owns what
     decoding: set[str] = set()
+    decode_on: dict[str, int] = {}
     now = 0.0
     for ev in events:
         now += 0.5
         kind, rid_n = ev[0], ev[1]
         rid = f"r{rid_n}"
         if kind == "add":
-            _, _, worker, tokens, shape = ev
+            _, _, worker, tokens, shape, dworker = ev
             hashes = tuple(hash((tuple(shape[: i + 1]),)) & 0xFFFF for i in range(len(shape)))
             before = len(s.index)
             s.add_request(
@@ -64,19 +66,25 @@ def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> 
                 block_hashes=hashes,
                 block_size=16,
                 now=now,
+                decode_worker=dworker,
             )
             if rid in owner:
                 assert len(s.index) == before  # a duplicate never changes the owner
             else:
                 owner[rid] = worker
+                if dworker is not None:
+                    decode_on[rid] = dworker
         elif kind == "prefill":
-            s.mark_prefill_completed(rid)
-            if rid in owner:
+            s.mark_prefill_completed(rid, now)
+            if rid in owner and rid not in decoding:
                 decoding.add(rid)
+                if rid in decode_on:  # the request and its load move to the decode worker
+                    owner[rid] = decode_on[rid]
         else:
             s.free(rid)
             owner.pop(rid, None)
             decoding.discard(rid)
+            decode_on.pop(rid, None)
         s.check_invariants()
         assert dict(s.index.items()) == owner
         for w in range(NUM_WORKERS):
@@ -195,3 +203,30 @@ def test_prefix_match_equals_a_naive_model(touches: list, probe: list[int], cap:
         want.append(n)
     assert reg.matched_blocks(chain(probe), list(range(6))) == want
     assert reg.matched_blocks(chain(probe), [4, 1]) == [want[4], want[1]]
+
+
+def test_decode_worker_takes_the_request_at_first_token() -> None:
+    s = _state()
+    chain = (101, 102, 103)
+    s.add_request(
+        "pd",
+        0,
+        session_id="s",
+        prompt_tokens=60,
+        block_hashes=chain,
+        block_size=16,
+        now=0.0,
+        decode_worker=3,
+    )
+    assert s.active.load(0).pending_prefill_tokens == 60
+    assert s.active.load(3).num_requests == 0
+    assert s.registry.matched_blocks(chain, [0, 3]) == [3, 0]
+    s.mark_prefill_completed("pd", now=1.0)
+    assert s.index.owner("pd") == 3
+    assert (s.active.load(0).num_requests, s.active.load(0).pending_prefill_tokens) == (0, 0)
+    assert s.active.load(3).ongoing_decode_tokens == 60
+    assert s.registry.matched_blocks(chain, [0, 3]) == [3, 3]  # KV flowed P -> D
+    s.check_invariants()
+    s.free("pd")
+    s.check_invariants()
+    assert s.active.load(3).num_requests == 0

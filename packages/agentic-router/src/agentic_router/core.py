@@ -30,12 +30,15 @@ API (stable; the proxy and the simulator code against this)
                     plugin_manager: pluggy.PluginManager | None = None,  # make_plugin_manager()
                     clock: Callable[[], float] = time.time)
     router.decide(req) -> Decision           sync; never awaits; does not reserve load
-    router.add_request(req, worker)           AddRequest: reserve shadow load BEFORE any await
+    router.add_request(req, worker, decode_worker=None)
+                                              AddRequest: reserve shadow load BEFORE any await;
+                                              with decode_worker (Mechanism B / P/D in one
+                                              Router) the load moves there at first token
     router.mark_prefill_completed(request_id) first token
     router.free(request_id)                   end / error / client gone; idempotent
         unknown ids and duplicates never raise: counted in router.anomalies
         (a worker index out of range is a caller bug: ValueError)
-    router.route(req) -> Decision             decide + add_request in one call
+    router.route(req) -> Decision             decide + add_request (with decode_worker)
     router.apply_engine_states({engine_id: EngineState})   one feed poll (StateFeed calls it)
     router.reconcile_from_metrics(worker, EngineMetrics)    feed-off reconcile (MetricsReconciler)
     router.instance_state(worker) -> InstanceState          eff_* / r_* accessors, fresh, stalled
@@ -550,13 +553,17 @@ class Router:
         return decision
 
     def route(self, req: RoutingRequest) -> Decision:
-        """decide, then reserve the request on the chosen worker (AddRequest)."""
+        """decide, then reserve the request on the chosen worker(s) (AddRequest)."""
         decision = self.decide(req)
-        self.add_request(req, decision.worker)
+        self.add_request(req, decision.worker, decode_worker=decision.decode_worker)
         return decision
 
     # -- events -----------------------------------------------------------------------
-    def add_request(self, req: RoutingRequest, worker: int) -> None:
+    def add_request(
+        self, req: RoutingRequest, worker: int, *, decode_worker: int | None = None
+    ) -> None:
+        """AddRequest. With `decode_worker` (a Decision's, for Mechanism B or P/D
+        inside one Router), the request's load moves there at first token."""
         now = self.clock()
         entry = self.state.add_request(
             req.request_id,
@@ -566,6 +573,7 @@ class Router:
             block_hashes=req.block_hashes,
             block_size=req.block_size,
             now=now,
+            decode_worker=decode_worker,
         )
         if now - self._last_expire >= 1.0:
             self._last_expire = now
@@ -574,9 +582,10 @@ class Router:
             self._emit("add", entry, now)
 
     def mark_prefill_completed(self, request_id: str) -> None:
-        entry = self.state.mark_prefill_completed(request_id)
+        now = self.clock()
+        entry = self.state.mark_prefill_completed(request_id, now)
         if entry is not None:
-            self._emit("prefill_completed", entry, self.clock())
+            self._emit("prefill_completed", entry, now)
 
     def free(self, request_id: str) -> None:
         entry = self.state.free(request_id)
@@ -598,7 +607,14 @@ class Router:
         self._dispatch(RouterEvent(kind, request_id, worker, session_id, self.clock(), payload))
 
     def _emit(self, kind: str, entry: SequenceEntry, now: float) -> None:
-        self._dispatch(RouterEvent(kind, entry.request_id, entry.worker, entry.session_id, now))
+        payload: dict[str, Any] = {}
+        if entry.decode_worker is not None:
+            payload["decode_worker"] = entry.decode_worker
+        if entry.prefill_worker is not None:
+            payload["prefill_worker"] = entry.prefill_worker
+        self._dispatch(
+            RouterEvent(kind, entry.request_id, entry.worker, entry.session_id, now, payload)
+        )
 
     def _dispatch(self, event: RouterEvent) -> None:
         on_event = getattr(self._decode, "on_event", None)

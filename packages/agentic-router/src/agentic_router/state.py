@@ -87,6 +87,11 @@ class SequenceEntry:
     blocks: int
     added_at: float
     decoding: bool = False
+    # P/D and Mechanism B: where decode runs; the entry (and its load) moves
+    # there at MarkPrefillCompleted, with the prefix blocks (KV flows P -> D)
+    decode_worker: int | None = None
+    block_hashes: Sequence[int] = ()
+    prefill_worker: int | None = None  # set once the entry moved
 
 
 @dataclass(slots=True)
@@ -177,6 +182,24 @@ class ActiveSequences:
         load.num_prefilling -= 1
         load.num_decoding += 1
         load.ongoing_decode_tokens += entry.prompt_tokens
+
+    def move_to_decode(self, entry: SequenceEntry, target: int) -> None:
+        """Prefill done on entry.worker; decode continues on `target`."""
+        src = self._load[entry.worker]
+        del self._entries[entry.worker][entry.request_id]
+        src.num_requests -= 1
+        src.pending_prefill_tokens -= entry.prefill_tokens
+        src.num_prefilling -= 1
+        src.blocks -= entry.blocks
+        entry.prefill_worker = entry.worker
+        entry.worker = target
+        entry.decoding = True
+        self._entries[target][entry.request_id] = entry
+        dst = self._load[target]
+        dst.num_requests += 1
+        dst.num_decoding += 1
+        dst.ongoing_decode_tokens += entry.prompt_tokens
+        dst.blocks += entry.blocks
 
     def remove(self, entry: SequenceEntry) -> None:
         del self._entries[entry.worker][entry.request_id]
@@ -373,9 +396,18 @@ class SequenceState:
         block_hashes: Sequence[int],
         block_size: int,
         now: float,
+        decode_worker: int | None = None,
     ) -> SequenceEntry | None:
-        """AddRequest. Returns the new entry, or None for a duplicate (counted)."""
+        """AddRequest. Returns the new entry, or None for a duplicate (counted).
+
+        `decode_worker` (P/D, Mechanism B): the request's decode runs there; at
+        MarkPrefillCompleted the entry and its load move from `worker` to it.
+        """
         self.workers.check(worker)
+        if decode_worker is not None:
+            self.workers.check(decode_worker)
+            if decode_worker == worker:
+                decode_worker = None
         if request_id in self.index:
             self.anomalies[DUPLICATE_ADD] += 1
             return None
@@ -389,6 +421,8 @@ class SequenceState:
             prefill_tokens=max(0, prompt_tokens - cached),
             blocks=-(-prompt_tokens // block_size) if block_size > 0 else 0,
             added_at=now,
+            decode_worker=decode_worker,
+            block_hashes=block_hashes if decode_worker is not None else (),
         )
         self.index.add(request_id, worker)
         self.active.add(entry)
@@ -399,7 +433,9 @@ class SequenceState:
             self.registry.bind_session(session_id, worker, now)
         return entry
 
-    def mark_prefill_completed(self, request_id: str) -> SequenceEntry | None:
+    def mark_prefill_completed(
+        self, request_id: str, now: float | None = None
+    ) -> SequenceEntry | None:
         worker = self.index.owner(request_id)
         if worker is None:
             key = LATE_PREFILL_DONE if self.index.recently_freed(request_id) else None
@@ -410,8 +446,17 @@ class SequenceState:
         if entry.decoding:
             self.anomalies[DUPLICATE_PREFILL_DONE] += 1
             return None
-        self.active.prefill_completed(entry)
+        target = entry.decode_worker
+        if target is None:
+            self.active.prefill_completed(entry)
+            self.registry.project_load(worker, self.active.load(worker))
+            return entry
+        self.active.move_to_decode(entry, target)
+        self.index.add(request_id, target)
         self.registry.project_load(worker, self.active.load(worker))
+        self.registry.project_load(target, self.active.load(target))
+        if now is not None:  # the KV now lives on the decode worker too
+            self.registry.touch(target, entry.block_hashes, now)
         return entry
 
     def free(self, request_id: str, *, reason: str | None = None) -> SequenceEntry | None:
