@@ -8,11 +8,15 @@ only 10 tokens. The fork restores the whole slot as the prefix and corrects
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import HAS_STREAMING_SESSIONS, Engine, events
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sglang_session_fix import PATCH
+from sglang_session_fix._core import DEFERS_ATTR
 from sglang_session_fix._events import EVENT_DEGENERATE, EVENT_LIFECYCLE
 from sglang_session_fix._settings import ENV_ACTION, ENV_ENABLED, ENV_MAX_DEFERS
 
@@ -224,3 +228,75 @@ def test_revert_restores_the_crash_and_reapply_fixes_it(model_dir: Path) -> None
     engine = engine_with_session(model_dir)
     engine.scheduler.waiting_queue.append(engine.degenerate_turn("sess-1", "turnY"))
     assert engine.scheduler.get_new_batch_prefill() is None
+
+
+# -- many rounds of random session traffic ------------------------------------------
+
+turn_plan = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(["turn", "degenerate", "plain"])),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(plan=turn_plan, max_defers=st.integers(0, 2))
+@pytest.mark.usefixtures("trust_fork")
+def test_no_request_lost_and_no_slot_leaked_with_sessions(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, plan: list[tuple[int, str]], max_defers: int
+) -> None:
+    monkeypatch.setenv(ENV_MAX_DEFERS, str(max_defers))
+    PATCH.revert()
+    assert PATCH.apply().applied
+    engine = Engine(model_dir, streaming=True, n_reqs=12)
+    s = engine.scheduler
+    empty = engine.free()
+    sessions = [f"s{i}" for i in range(3)]
+    for sid in sessions:
+        engine.session_with_history(sid, HISTORY)
+    busy: set[str] = set()  # one turn in flight per session, as the session controller allows
+    owner: dict[str, str] = {}
+    submitted: set[str] = set()
+    finished: list[str] = []
+    degenerate: list[Any] = []
+    pending = list(plan)
+    for round_no in range(300):
+        while pending:
+            index, kind = pending[0]
+            sid = sessions[index]
+            if kind != "plain" and sid in busy:
+                break  # wait for that session's previous turn
+            pending.pop(0)
+            rid = f"q{round_no}-{len(submitted)}"
+            if kind == "plain":
+                req = engine.plain_req(rid, 5 + len(submitted) % 7)
+            elif kind == "turn":
+                req = engine.session_turn(sid, rid, [40, 41, 42])
+            else:
+                req = engine.degenerate_turn(sid, rid)
+                degenerate.append(req)
+            if kind != "plain":
+                busy.add(sid)
+                owner[rid] = sid
+            s.waiting_queue.append(req)
+            submitted.add(rid)
+        batch = s.get_new_batch_prefill()
+        in_batch = [r.rid for r in batch.reqs] if batch is not None else []
+        queued = [r.rid for r in s.waiting_queue]
+        assert sorted(queued + in_batch + finished) == sorted(submitted)
+        if batch is not None:
+            assert all(length > 0 for length in batch.extend_lens)
+            engine.finish(batch)
+            finished += in_batch
+            busy -= {owner[rid] for rid in in_batch if rid in owner}
+        if not pending and not s.waiting_queue:
+            break
+    assert sorted(finished) == sorted(submitted)
+    assert all(getattr(req, DEFERS_ATTR, 0) >= 1 for req in degenerate)  # the fix did act
+    for sid in sessions:
+        engine.cache.release_session(sid)
+    assert engine.free() == empty
