@@ -117,3 +117,19 @@ def test_feed_disabled_ignores_states(make_router, make_engine_state) -> None:
     router.apply_engine_states({"engine_0": make_engine_state(0, num_running=7)})
     assert router.instance_state(0).eff_num_requests == 0
     assert router.instance_state(0).real is None
+
+
+def test_snapshot_is_json_with_shadow_and_real(
+    make_router, make_request, make_engine_state
+) -> None:
+    import json
+
+    router = make_router(2)
+    router.route(make_request(100, session="s"))
+    router.apply_engine_states({"engine_1": make_engine_state(1, num_running=2)})
+    snap = json.loads(json.dumps(router.snapshot()))
+    assert snap["active_requests"] == 1
+    assert snap["workers"][1]["real"]["num_running"] == 2
+    assert snap["workers"][1]["effective"]["num_requests"] == 2
+    assert snap["workers"][0]["fresh"] is False
+    assert sum(w["shadow"]["num_requests"] for w in snap["workers"]) == 1
