@@ -10,11 +10,14 @@ Topologies:
 * aggregated (`8`): one Router over every engine. A policy whose decision
   carries a `decode_worker` different from `worker` (Mechanism B) gets exactly
   that: prefill on `worker`, KV moved to and decode on `decode_worker`.
-* disaggregated (`1P3D`): a prefill Router over the P engines runs the policy;
-  the decode instance is the Router's `decode_worker` when the policy's decode
-  selector names one, else a second Router over the D engines decides it with
-  `decode_policy` (default: the same policy), as a P/D proxy that routes both
-  stages does. Each Router sees only its own engines' feed.
+* disaggregated (`1P3D`): as the proxy's P/D mode does it
+  (`agentic_router.server._pd`): a prefill Router over the P engines and a
+  decode Router over the D engines, each deciding with the policy
+  (`decode_policy` may name another for D; P/D decode policies such as
+  `kv_aware` plug in there), the request reserved as `<id>:p` on P and `<id>:d`
+  on D before anything runs; P's reservation ends when P's part is done (its
+  one token), D's at the end; D's outcome is reported back with
+  `Router.notify("admission", ...)`. Each Router sees only its own engines' feed.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from agentic_router.sim._engine import EngineMetricsSample, SimRequest
 
 if TYPE_CHECKING:
     from agentic_router._logs import JsonlLogs
-    from agentic_router.core import Router, RoutingRequest
+    from agentic_router.core import Router
     from agentic_router.sim._sim import SimConfig, Simulation
 
 AGGREGATED = "aggregated"
@@ -82,7 +85,6 @@ class RouterDriver:
             from agentic_router._logs import JsonlLogs
 
             self.logs = JsonlLogs(config.log_dir, clock=clock, background=False)
-        self._routing: dict[str, RoutingRequest] = {}
         self.decode_decisions = 0
 
     # -- routing ---------------------------------------------------------------------------
@@ -100,26 +102,27 @@ class RouterDriver:
             block_size=self.sim.trace.block_size,
             max_tokens=req.output_tokens,
         )
-        decision = self.prefill.decide(rr)
-        self.prefill.add_request(rr, decision.worker)
-        worker = decision.worker
         decode: int | None = None
         if self.pd:
             assert self.decode is not None
-            if decision.decode_worker is not None:
-                decode = self.n_prefill + decision.decode_worker
-                self.decode.add_request(rr, decision.decode_worker)
-            else:
-                d = self.decode.decide(rr)
-                self.decode.add_request(rr, d.worker)
-                self.decode_decisions += 1
-                decode = self.n_prefill + d.worker
-                if self.logs is not None:
-                    self.logs.decision(req.request_id, req.session_id, d.to_log(), stage="decode")
-        elif decision.decode_worker is not None and decision.decode_worker != worker:
-            decode = decision.decode_worker
+            rr_p = replace(rr, request_id=req.request_id + ":p")
+            rr_d = replace(rr, request_id=req.request_id + ":d")
+            decision = self.prefill.decide(rr_p)
+            d = self.decode.decide(rr_d)
+            # both reservations before anything runs, as the proxy does
+            self.prefill.add_request(rr_p, decision.worker)
+            self.decode.add_request(rr_d, d.worker)
+            self.decode_decisions += 1
+            decode = self.n_prefill + d.worker
+            if self.logs is not None:
+                self.logs.decision(rr_d.request_id, req.session_id, d.to_log(), stage="decode")
+        else:
+            decision = self.prefill.decide(rr)
+            self.prefill.add_request(rr, decision.worker)
+            if decision.decode_worker is not None and decision.decode_worker != decision.worker:
+                decode = decision.decode_worker  # Mechanism B: decode moves, KV follows
+        worker = decision.worker
         mode = PD if decode is not None else AGGREGATED
-        self._routing[req.request_id] = rr
         if self.logs is not None:
             self.logs.decision(
                 req.request_id,
@@ -156,25 +159,37 @@ class RouterDriver:
         """The client sees its first token (on the decode engine in P/D)."""
         if self.pd:
             assert self.decode is not None
-            self.decode.mark_prefill_completed(req.request_id)
+            self.decode.mark_prefill_completed(req.request_id + ":d")
         else:
             self.prefill.mark_prefill_completed(req.request_id)
 
     def prefill_done(self, req: SimRequest) -> None:
-        """The prefill engine of a P/D pair finished (its one token)."""
-        self.prefill.mark_prefill_completed(req.request_id)
+        """The prefill engine's part is over (its one token): its reservation ends."""
+        rid = req.request_id + ":p" if self.pd else req.request_id
+        self.prefill.mark_prefill_completed(rid)
+        if self.pd:
+            self.prefill.free(rid)
 
     def transfer_done(self, req: SimRequest) -> None:
-        """The decode engine has the KV: the prefill engine's part is over."""
-        if self.pd:
-            self.prefill.free(req.request_id)
+        """The decode engine has the KV (nothing for the Routers to do)."""
 
     def free(self, req: SimRequest) -> None:
         """Done, or failed: every reservation of the request is released (idempotent)."""
-        self.prefill.free(req.request_id)
-        if self.decode is not None:
-            self.decode.free(req.request_id)
-        self._routing.pop(req.request_id, None)
+        if self.pd:
+            assert self.decode is not None
+            self.prefill.free(req.request_id + ":p")
+            self.decode.free(req.request_id + ":d")
+            if req.decode_worker is not None:
+                self.decode.notify(
+                    "admission",
+                    request_id=req.request_id + ":d",
+                    worker=req.decode_worker - self.n_prefill,
+                    session_id=req.session_id,
+                    admitted=req.error is None,
+                    reason="ok" if req.error is None else req.error,
+                )
+        else:
+            self.prefill.free(req.request_id)
 
     # -- real state ------------------------------------------------------------------------
 
