@@ -198,3 +198,61 @@ def test_demo_runs_and_prints_the_comparison(
     payload = json.loads((tmp_path / "results.json").read_text())
     assert len(payload["runs"]) == 10
     assert all(r["completed"] == r["requests"] for r in payload["runs"])
+
+
+def test_plots_are_written_when_matplotlib_is_installed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="the `plots` extra is not installed")
+    code = main(
+        [
+            "replay",
+            "--trace",
+            "agentic",
+            "--limit",
+            "150",
+            "--policies",
+            "sticky,lmetric",
+            "--topology",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+            "--no-logs",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    for name in ("ttft_cdf.png", "load_over_time.png", "switch_histogram.png"):
+        path = tmp_path / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(path) in out
+
+
+def test_without_matplotlib_plots_are_skipped_with_a_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    code = main(
+        [
+            "replay",
+            "--trace",
+            "agentic",
+            "--limit",
+            "60",
+            "--policies",
+            "sticky",
+            "--engine-state",
+            "off",
+            "--topology",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    assert "pip install 'agentic-router[plots]'" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png"))
