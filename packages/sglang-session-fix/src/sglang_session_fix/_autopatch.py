@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
-from ._settings import kill_switch_engaged
+from ._switch import kill_switch_engaged
 
 __all__ = ["TARGETS", "install", "installed"]
 

@@ -12,7 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["SETTINGS", "Action", "Setting", "Settings", "SettingsError", "kill_switch_engaged"]
+from ._switch import ENV_ENABLED, FALSE_WORDS, TRUE_WORDS, kill_switch_engaged
+
+__all__ = [
+    "ENV_ENABLED",
+    "SETTINGS",
+    "Action",
+    "Setting",
+    "Settings",
+    "SettingsError",
+    "kill_switch_engaged",
+]
 
 
 class SettingsError(ValueError):
@@ -37,7 +47,6 @@ class Setting:
     help: str
 
 
-ENV_ENABLED = "SGLANG_SESSION_FIX"
 ENV_ACTION = "SGLANG_SESSION_FIX_ACTION"
 ENV_MAX_DEFERS = "SGLANG_SESSION_FIX_MAX_DEFERS"
 ENV_TRUSTED = "SGLANG_SESSION_FIX_TRUSTED_FINGERPRINTS"
@@ -63,13 +72,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-_TRUE = frozenset({"1", "true", "on", "yes"})
-_FALSE = frozenset({"0", "false", "off", "no"})
-
-
-def kill_switch_engaged(environ: Mapping[str, str] = os.environ) -> bool:
-    """True when ``SGLANG_SESSION_FIX`` turns the fix off (any false-like value)."""
-    return environ.get(ENV_ENABLED, "1").strip().lower() in _FALSE
+_TRUE = TRUE_WORDS
+_FALSE = FALSE_WORDS
 
 
 @dataclass(frozen=True)

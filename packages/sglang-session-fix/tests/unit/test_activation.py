@@ -306,8 +306,9 @@ def test_the_pth_entry_is_cheap_and_imports_no_sglang(tmp_path: Path) -> None:
         print(json.dumps({
             "sglang": any(m.split(".")[0] == "sglang" for m in sys.modules),
             "hook": hook.installed(),
+            "machinery": "sglang_session_fix._patch" in sys.modules,
         }))
         """,
         root,
     )
-    assert out == {"sglang": False, "hook": True}
+    assert out == {"sglang": False, "hook": True, "machinery": False}
