@@ -20,6 +20,10 @@ CASES: list[dict[str, Any]] = [
     {"prompt": [5, 17, 200, 33, 90, 91, 400], "max_tokens": 8, "temperature": 0},
     {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.9, "seed": 1234},
 ]
+# vLLM kills the EngineCore at once on shutdown unless given a grace period;
+# only with one does the EngineCore get to Scheduler.shutdown(), where the
+# plugin withdraws its snapshot (without it, readers drop it once stale).
+SHUTDOWN_GRACE = ("--shutdown-timeout", "10")
 LONG_PROMPT_TOKENS = 1900  # 30 chunks of the servers' 64-token step budget
 
 

@@ -36,8 +36,11 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    def __init__(self, model: Path, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, model: Path, log_path: Path, env: dict[str, str], extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.model = model
+        self.extra_args = extra_args
         self.log_path = log_path
         self.port = free_port()
         self.env = env
@@ -70,6 +73,7 @@ class VLLMServer:
             "--seed", "0",
             "--host", "127.0.0.1",
             "--port", str(self.port),
+            *self.extra_args,
         ]  # fmt: skip
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
@@ -94,12 +98,15 @@ class VLLMServer:
         raise RuntimeError(f"vLLM server not healthy after {timeout_s}s:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGINT (vLLM's clean shutdown), then SIGKILL to the whole group."""
+        """SIGTERM to the API server (what a service manager sends), then SIGKILL
+        to the whole group for anything left. The API server stops the
+        EngineCore itself, giving it `--shutdown-timeout` seconds (vLLM's
+        default, 0, means it is killed at once)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout_s)
         with contextlib.suppress(ProcessLookupError):

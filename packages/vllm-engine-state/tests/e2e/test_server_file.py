@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import answers, check_long_prefill_is_seen, wait_for
+from e2e_helpers import SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
 from vllm_server import VLLMServer, proc_title
 
 from agentic_common import open_reader
@@ -24,6 +24,7 @@ def served(
         tiny_model,
         logs_dir / "server-file.log",
         {"AGENTIC_ENGINE_STATE_URI": state_dir.as_uri(), "AGENTIC_ENGINE_STATE_PERIOD_MS": "10"},
+        SHUTDOWN_GRACE,
     )
     server.start()
     try:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import answers, check_long_prefill_is_seen, wait_for
+from e2e_helpers import SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
 from vllm_server import VLLMServer, proc_title
 
-from agentic_common import open_reader
+from agentic_common import Freshness, open_reader
 from agentic_common.testing import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -23,8 +24,11 @@ def served(
     redis_server.flush()
     uri = redis_server.uri
     server = VLLMServer(
-        tiny_model, logs_dir / "server-redis.log", {"AGENTIC_ENGINE_STATE_URI": uri}
-    )  # default period: 50 ms
+        tiny_model,
+        logs_dir / "server-redis.log",
+        {"AGENTIC_ENGINE_STATE_URI": uri},  # default period: 50 ms
+        SHUTDOWN_GRACE,
+    )
     server.start()
     try:
         yield server, uri
@@ -57,7 +61,8 @@ def test_answers_are_exactly_those_without_the_plugin(
 
 def test_clean_shutdown_withdraws_the_snapshot(served: tuple[VLLMServer, str]) -> None:
     server, uri = served
-    reader = open_reader(uri)
+    # Any age: the key itself must go, not merely turn stale.
+    reader = open_reader(uri, Freshness(max_age_s=math.inf))
     assert "engine_0" in reader.read_all()
     server.stop()
     assert reader.read_all() == {}
