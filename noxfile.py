@@ -178,34 +178,15 @@ def _sglang_session(version: str) -> None:
         import os
 
         python = _sglang_shared_env(session)
+        pip = (str(python), "-m", "pip")
         folder = SGLANG_SHARED / "sglang" / version
         if not (folder / f"sglang-{version}.dist-info").is_dir():
-            session.run(
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--no-compile",
-                "--target",
-                str(folder),
-                f"sglang=={version}",
-                external=True,
-            )
+            # Compiled at install: the tests' processes never write bytecode.
+            install = ("install", "-q", "--no-deps", "--target", str(folder))
+            session.run(*pip, *install, f"sglang=={version}", external=True)
         wheels = Path(session.create_tmp()) / "wheel"
-        session.run(
-            str(python),
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "-w",
-            str(wheels),
-            SGLANG_SESSION_FIX,
-            external=True,
-        )
+        build = ("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels))
+        session.run(*pip, *build, SGLANG_SESSION_FIX, external=True)
         tests = f"{SGLANG_SESSION_FIX}/tests"
         paths = [
             f"{tests}/contract" if version in SGLANG_SUPPORTED else f"{tests}/unsupported",
