@@ -216,6 +216,7 @@ class Proxy:
             connector=connector,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy never keeps an engine's cookies
             timeout=self._connect_timeout,
         )
         if self.config.log_dir:
@@ -384,7 +385,8 @@ class Proxy:
         if migrated:
             self.telemetry.migrations.inc()
         if self.logs is not None:
-            self.logs.decision(ctx.request_id, ctx.session_id, decision.to_log())
+            stage = "prefill" if self.config.pd_mode else "aggregated"
+            self.logs.decision(ctx.request_id, ctx.session_id, decision.to_log(), stage=stage)
             if ctx.session_id is not None:
                 self.logs.session_binding(
                     ctx.session_id,

@@ -73,7 +73,9 @@ async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
             d.breaker.dispatched()
             proxy._note_decision(ctx, dec_p, p.slot, d.slot)
             if proxy.logs is not None:
-                proxy.logs.decision(req_d.request_id, ctx.session_id, dec_d.to_log(), pool="decode")
+                proxy.logs.decision(
+                    req_d.request_id, ctx.session_id, dec_d.to_log(), stage="decode"
+                )
             if attempt:
                 proxy.telemetry.retries.inc()
             forwarded_id = ctx.client_request_id or base

@@ -114,6 +114,11 @@ class RoutingCore:
             self._slot_pool.extend([pool] * len(ids))
         self.router_config = next(iter(self.pools.values())).router.config
         self._owner: dict[str, Pool] = {}
+        # Only ask the tokenize hook when a plugin implements it (a pluggy call
+        # with no implementations still costs microseconds per request).
+        self._tokenize_pm = (
+            self.pm if self.pm.hook.agentic_router_tokenize.get_hookimpls() else None
+        )
 
     # ---- requests ----
 
@@ -125,7 +130,7 @@ class RoutingCore:
             parsed.body,
             session_id=session_id,
             config=self.router_config,
-            plugin_manager=self.pm,
+            plugin_manager=self._tokenize_pm,
         )
 
     def decide(

@@ -95,6 +95,33 @@ def _events(raw: bytes) -> list[Any]:
     return out
 
 
+def _merged(events: list[Any]) -> dict[str, Any]:
+    """What a client assembles from a stream: text, token logprobs, finish, usage."""
+    out: dict[str, Any] = {"text": "", "tokens": [], "token_logprobs": [], "top": []}
+    for event in events:
+        if event == "[DONE]":
+            out["done"] = True
+            continue
+        assert "error" not in event, event
+        out["object"] = event["object"]
+        out["model"] = event["model"]
+        if event.get("usage"):
+            out["usage"] = event["usage"]
+        for choice in event["choices"]:
+            delta = choice.get("delta") or {}
+            out["text"] += choice.get("text") or delta.get("content") or ""
+            if delta.get("role"):
+                out["role"] = delta["role"]
+            lp = choice.get("logprobs")
+            if lp and "tokens" in lp:
+                out["tokens"] += lp["tokens"]
+                out["token_logprobs"] += lp["token_logprobs"]
+                out["top"] += lp["top_logprobs"]
+            if choice.get("finish_reason"):
+                out["finish_reason"] = choice["finish_reason"]
+    return out
+
+
 CASES: list[tuple[str, dict[str, Any]]] = [
     (
         "/v1/completions",
@@ -135,7 +162,9 @@ def test_answers_pass_through_unchanged(
             if stream:
                 got, want = _events(via), _events(direct)
                 assert got[-1] == "[DONE]"
-                assert _strip(got) == _strip(want)
+                # vLLM may coalesce tokens into fewer SSE chunks when its API server
+                # lags the engine, so compare what the chunks add up to.
+                assert _merged(got) == _merged(want)
             else:
                 assert _strip(json.loads(via)) == _strip(json.loads(direct))
             assert r.active_requests() == 0
