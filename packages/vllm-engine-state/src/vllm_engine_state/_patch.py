@@ -212,7 +212,7 @@ class EngineStateInstrumentor:
         for name, original in applied.originals.items():
             self._restore(applied.cls, name, original)
         for scheduler, publisher in publishers:
-            publisher.stop()
+            publisher.stop("revert()")
             with contextlib.suppress(AttributeError):
                 delattr(scheduler, LAST_STEP_ATTR)
         log.info("vllm-engine-state: reverted; %d publisher(s) stopped", len(publishers))
@@ -220,7 +220,7 @@ class EngineStateInstrumentor:
     def stop_all(self) -> None:
         """Stop every publisher but keep the patch (interpreter exit)."""
         for publisher in self.publishers():
-            publisher.stop(timeout_s=0.5)
+            publisher.stop("interpreter exit", timeout_s=0.5)
 
     @staticmethod
     def _restore(owner: type, name: str, original: Any) -> None:
@@ -259,7 +259,7 @@ class EngineStateInstrumentor:
                     with self._lock:
                         publisher = self._publishers.pop(self_, None)
                     if publisher is not None:
-                        publisher.stop()
+                        publisher.stop("scheduler shutdown")
                 except Exception as exc:
                     log.warning("vllm-engine-state: stopping the publisher failed: %r", exc)
             return original(self_, *args, **kwargs)

@@ -81,8 +81,10 @@ class Publisher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 1.0) -> None:
+    def stop(self, reason: str = "stopped", timeout_s: float = 1.0) -> None:
         """Ask the thread to exit and wait for it a bounded time. Idempotent."""
+        if not self._stop.is_set():
+            self.stats.stop_reason = self.stats.stop_reason or reason
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
@@ -167,5 +169,10 @@ class Publisher:
             ):
                 self._writer.remove(self.engine_id)
                 self.stats.withdrawn = True
+                log.info(
+                    "vllm-engine-state: engine %s withdrew its snapshot (%s)",
+                    self.engine_id,
+                    self.stats.stop_reason,
+                )
         except Exception as exc:
             log.warning("vllm-engine-state: could not withdraw engine %s: %r", self.engine_id, exc)

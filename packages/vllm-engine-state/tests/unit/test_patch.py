@@ -193,6 +193,7 @@ def test_shutdown_stops_the_publisher_and_withdraws(
     assert sched.shut_down  # the original ran
     assert not publisher.alive
     assert publisher.stats.withdrawn
+    assert publisher.stats.stop_reason == "scheduler shutdown"
     assert not (tmp_path / "state" / "engine_0.json").exists()
     assert file_inst.publishers() == []
 
