@@ -16,7 +16,10 @@ install("launcher", defer_to_plugins=False)
 
 
 def main() -> None:
-    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
+    # alter_sys=False keeps this module as sys.modules["__main__"]: spawn children
+    # re-import *it* (as __mp_main__), and so install the hook. With True they
+    # would re-import sglang.launch_server instead and run unpatched.
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)
 
 
 if __name__ == "__main__":

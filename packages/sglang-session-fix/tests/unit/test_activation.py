@@ -312,3 +312,52 @@ def test_the_pth_entry_is_cheap_and_imports_no_sglang(tmp_path: Path) -> None:
         root,
     )
     assert out == {"sglang": False, "hook": True, "machinery": False}
+
+
+FAKE_CHILD = """
+def report(queue):
+    import sglang.srt.managers.scheduler  # what run_scheduler_process's module import does
+    import sglang_session_fix
+    queue.put(sglang_session_fix.status())
+"""
+
+FAKE_LAUNCH_SERVER = """
+import json
+import multiprocessing as mp
+import sys
+
+from sglang.fake_child import report
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn", force=True)
+    queue = mp.Queue()
+    child = mp.Process(target=report, args=(queue,))
+    child.start()
+    status = queue.get(timeout=120)
+    child.join()
+    print(json.dumps({"child": status, "argv": sys.argv[1:],
+                      "parent_imported": "sglang.srt.managers.scheduler" in sys.modules}))
+"""
+
+
+def test_the_launcher_reaches_spawned_children(tmp_path: Path) -> None:
+    root = make_sglang(tmp_path, "0.5.10")
+    (root / "sglang" / "fake_child.py").write_text(FAKE_CHILD)
+    (root / "sglang" / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_SESSION_FIX")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(SRC)])
+    env["SGLANG_SESSION_FIX_TRUSTED_FINGERPRINTS"] = TRUSTED
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang_session_fix.launch_server", "--model-path", "m"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["argv"] == ["--model-path", "m"]  # SGLang sees its own arguments
+    assert out["parent_imported"] is False
+    assert out["child"]["applied"] is True
+    assert out["child"]["source"] == "launcher"
