@@ -219,6 +219,9 @@ class SessionFixPatch:
             from sglang.srt.managers.scheduler import Scheduler
         except Exception as err:
             raise _Declined(f"cannot import the sglang scheduler: {err!r}") from None
+        if self._applied and self._last_result is not None:
+            # Importing the scheduler just now let the import hook apply it.
+            return self._last_result
 
         targets = {
             BATCH_METHOD: (ScheduleBatch, "prepare_for_extend"),
