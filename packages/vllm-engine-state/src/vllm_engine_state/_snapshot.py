@@ -27,9 +27,26 @@ WAITING: Final = 1
 WAITING_REMOTE_KV: Final = 2
 FINISHED: Final = 3
 
-# Status members are few and immutable; classify each once. Keyed by type too,
-# because RequestStatus is an IntEnum and a member compares equal to its int.
-_KIND_CACHE: dict[tuple[type, Any], int] = {}
+# Status members are few and live for the whole process: classify each once.
+# Keyed by id() and checked by identity (RequestStatus is an IntEnum, and a
+# member compares equal to an int or to another enum's member of that value).
+_KIND_CACHE: dict[int, tuple[Any, int]] = {}
+
+
+def _classify(status: Any) -> int:
+    name = getattr(status, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"request status {status!r} has no name")
+    if name == "RUNNING":
+        kind = RUNNING
+    elif name.startswith("FINISHED"):
+        kind = FINISHED
+    elif name == "WAITING_FOR_REMOTE_KVS":
+        kind = WAITING_REMOTE_KV
+    else:
+        kind = WAITING
+    _KIND_CACHE[id(status)] = (status, kind)  # holding it keeps its id unique
+    return kind
 
 
 def status_kind(status: Any) -> int:
@@ -41,27 +58,19 @@ def status_kind(status: Any) -> int:
     (WAITING, PREEMPTED, WAITING_FOR_FSM / _STRUCTURED_OUTPUT_GRAMMAR,
     WAITING_FOR_STREAMING_REQ, ...) waits in some queue.
     """
-    key = (type(status), status)
-    kind = _KIND_CACHE.get(key)
-    if kind is None:
-        name = getattr(status, "name", None)
-        if not isinstance(name, str):
-            raise TypeError(f"request status {status!r} has no name")
-        if name == "RUNNING":
-            kind = RUNNING
-        elif name.startswith("FINISHED"):
-            kind = FINISHED
-        elif name == "WAITING_FOR_REMOTE_KVS":
-            kind = WAITING_REMOTE_KV
-        else:
-            kind = WAITING
-        _KIND_CACHE[key] = kind
-    return kind
+    entry = _KIND_CACHE.get(id(status))
+    if entry is not None and entry[0] is status:
+        return entry[1]
+    return _classify(status)
 
 
 def _expects_remote_kv(request: RequestLike) -> bool:
     params = getattr(request, "kv_transfer_params", None)
-    return isinstance(params, Mapping) and bool(params.get("do_remote_prefill"))
+    if params is None:
+        return False
+    if type(params) is not dict and not isinstance(params, Mapping):
+        return False
+    return bool(params.get("do_remote_prefill"))
 
 
 def compute_snapshot(
@@ -93,8 +102,11 @@ def compute_snapshot(
     running = waiting = 0
     prefilling = pending_prefill = max_prefill = 0
     decoding = decode_tokens = remote = 0
+    cache = _KIND_CACHE
     for request in requests:
-        kind = status_kind(request.status)
+        status = request.status
+        entry = cache.get(id(status))
+        kind = entry[1] if entry is not None and entry[0] is status else _classify(status)
         if kind == FINISHED:
             continue  # finished, its blocks held by a KV connector until freed
         if kind == RUNNING:
