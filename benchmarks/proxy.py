@@ -114,6 +114,7 @@ def main() -> int:
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens (= SSE chunks)")
     parser.add_argument("--policy", default="unified")
+    parser.add_argument("--event-loop", default="auto", choices=("auto", "asyncio", "uvloop"))
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -130,7 +131,8 @@ def main() -> int:
         router_url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "agentic_router._cli", "serve", "--host", "127.0.0.1",
                "--port", str(port), "--policy", args.policy, "--health-check-interval-s", "0",
-               "--metrics-reconcile-interval-s", "0", "--log-level", "warning"]  # fmt: skip
+               "--metrics-reconcile-interval-s", "0", "--log-level", "warning",
+               "--event-loop", args.event_loop]  # fmt: skip
         for u in urls:
             cmd += ["--engine", u]
         router = subprocess.Popen(cmd)
@@ -182,6 +184,7 @@ def main() -> int:
                     "max_tokens": args.max_tokens,
                     "engines": args.engines,
                     "policy": args.policy,
+                    "event_loop": args.event_loop,
                     "cpus": os.cpu_count(),
                     "python": sys.version.split()[0],
                     "results": results,

@@ -15,7 +15,7 @@ import pytest
 
 from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
-from .conftest import chat_body, completion_body, config, run, sse_events
+from .conftest import chat_body, completion_body, config, eventually, run, sse_events
 
 pytestmark = pytest.mark.e2e
 
@@ -158,9 +158,40 @@ def test_pd_client_disconnect_frees_both_reservations() -> None:
             assert r.proxy.core.pools["prefill"].router.instance_state(0).shadow.num_requests == 0
             resp.close()
             await s.close()
-            from .conftest import eventually
 
             await eventually(lambda: r.active_requests() == 0, "both pools freed")
             await eventually(lambda: d.aborted == 1, "decode engine aborted")
+
+    run(main())
+
+
+def test_sglang_pd_client_disconnect_and_decode_death_free_everything() -> None:
+    async def main() -> None:
+        p = FakeEngine("sglang", role="prefill")
+        d = FakeEngine("sglang", role="decode", output_tokens=200)
+        d.faults.token_interval_s = 0.02
+        cfg = config(
+            prefill=[p.url],
+            decode=[d.url],
+            pd_protocol="sglang",
+            prefill_bootstrap_port=p.bootstrap_port,
+        )
+        async with p, d, running_router(cfg) as r:
+            s = aiohttp.ClientSession()
+            resp = await s.post(
+                r.url + "/v1/completions", json=completion_body(stream=True, max_tokens=200)
+            )
+            await resp.content.readuntil(b"\n\n")
+            resp.close()
+            await s.close()
+            await eventually(lambda: r.active_requests() == 0, "both pools freed")
+            await eventually(lambda: d.aborted == 1, "decode engine aborted")
+            d.faults.die_after_chunks = 2
+            async with aiohttp.ClientSession() as s2:
+                body = completion_body(stream=True, max_tokens=20)
+                async with s2.post(r.url + "/v1/completions", json=body) as resp2:
+                    events = sse_events(await resp2.read())
+            assert events[-1]["error"]["code"] == 502
+            assert r.active_requests() == 0
 
     run(main())

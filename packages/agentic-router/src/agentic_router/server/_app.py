@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
+import yarl
 from aiohttp import web
 
 from agentic_router.server._config import EngineSpec, ServerConfig
@@ -122,6 +124,15 @@ class Endpoint:
     breaker: Breaker
     requests: int = 0
     last_health_ok: float | None = None
+    _urls: dict[str, yarl.URL] = field(default_factory=dict)
+
+    def url(self, path: str) -> yarl.URL:
+        """The engine URL for `path`, parsed once (aiohttp would parse a str every call)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.spec.url + path)
+        return url
+
     health_checks_failed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,6 +208,9 @@ class Proxy:
         self.logs: Any = None  # agentic_router._logs.JsonlLogs when --log-dir is set
         self._session_home: dict[str, int] = {}
         self._degraded: set[int] = set()  # slots whose breaker is not closed
+        # Request ids: unique per process run, cheaper than a uuid4 per request.
+        self._id_prefix = f"{uuid.uuid4().hex[:12]}-"
+        self._ids = itertools.count(1)
         self._mode = "pd" if config.pd_mode else "aggregated"
         self._connect_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, connect=config.connect_timeout_s
@@ -343,7 +357,7 @@ class Proxy:
                 raw=raw,
                 path=path,
                 session_id=session_id,
-                request_id=uuid.uuid4().hex,
+                request_id=f"{self._id_prefix}{next(self._ids)}",
                 client_request_id=request.headers.get("X-Request-Id"),
                 endpoint=endpoint,
             )
@@ -455,7 +469,7 @@ class Proxy:
         """Send one request to one engine and relay its answer. Raises EngineFailure
         only while nothing has been sent to the client (so a retry is safe)."""
         assert self.session is not None
-        url = ep.spec.url + ctx.path
+        url = ep.url(ctx.path)
         if headers is None:
             headers = self._headers(ctx)
         upstream = await self._open(ep, url, body, headers)
@@ -469,7 +483,7 @@ class Proxy:
             upstream.release()
 
     async def _open(
-        self, ep: Endpoint, url: str, body: bytes, headers: dict[str, str]
+        self, ep: Endpoint, url: str | yarl.URL, body: bytes, headers: dict[str, str]
     ) -> aiohttp.ClientResponse:
         """POST and wait for the response headers, within connect + first-byte deadlines."""
         assert self.session is not None

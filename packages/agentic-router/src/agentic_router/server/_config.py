@@ -155,6 +155,11 @@ class ServerConfig:
         None, "directory for routing-decisions/session-binding/admission-events JSONL logs"
     )
     log_level: str = setting("info", "Python log level", choices=("debug", "info", "warning"))
+    event_loop: str = setting(
+        "auto",
+        "asyncio event loop: uvloop if installed (auto), or force asyncio / uvloop",
+        choices=("auto", "asyncio", "uvloop"),
+    )
 
     def __post_init__(self) -> None:
         if self.engines and (self.prefill or self.decode):

@@ -132,7 +132,7 @@ async def _read_prefill(
     """POST to the prefill engine and read its whole (one-token) answer."""
     raw = json.dumps(body, separators=(",", ":")).encode()
     try:
-        upstream = await proxy._open(ep, ep.spec.url + path, raw, headers)
+        upstream = await proxy._open(ep, ep.url(path), raw, headers)
     except EngineFailure as exc:
         raise _SideFailure(ep.slot, exc) from None
     try:
