@@ -87,6 +87,27 @@ def missing_scheduler_members(scheduler: Any) -> list[str]:
     return missing
 
 
+def missing_request_members(request_cls: Any, status_cls: Any) -> list[str]:
+    """What compute_snapshot reads from requests and cannot find on these classes.
+
+    `num_tokens` is a property; the others are set in `Request.__init__`, so
+    they are looked up among the names its code assigns.
+    """
+    missing: list[str] = []
+    if not isinstance(getattr(request_cls, "num_tokens", None), property):
+        missing.append("Request.num_tokens")
+    assigned = set(getattr(getattr(request_cls.__init__, "__code__", None), "co_names", ()))
+    for name in ("status", "num_prompt_tokens", "num_computed_tokens"):
+        if name not in assigned:
+            missing.append(f"Request.{name}")
+    names = {getattr(member, "name", None) for member in status_cls}
+    if "RUNNING" not in names:
+        missing.append("RequestStatus.RUNNING")
+    if not any(isinstance(n, str) and n.startswith("FINISHED") for n in names):
+        missing.append("RequestStatus.FINISHED_*")
+    return missing
+
+
 def data_parallel_position(scheduler: Any) -> tuple[int, int]:
     """(data-parallel index of this engine, engines in this server).
 
@@ -146,6 +167,12 @@ class EngineStateInstrumentor:
                 return True
             try:
                 settings = Settings.from_env() if settings is None else settings
+                if not settings.active:
+                    raise SettingsError(
+                        "the kill switch AGENTIC_ENGINE_STATE_ENABLED is off"
+                        if not settings.enabled
+                        else "AGENTIC_ENGINE_STATE_URI is not set"
+                    )
                 version = "unknown"
                 if scheduler_cls is None:
                     import vllm
@@ -154,13 +181,11 @@ class EngineStateInstrumentor:
                     check_version(version, allow_unsupported=settings.allow_unsupported)
                     module = __import__(SCHEDULER_PATH, fromlist=["Scheduler"])
                     scheduler_cls = module.Scheduler
-                    from vllm.v1.request import RequestStatus
+                    from vllm.v1.request import Request, RequestStatus
 
-                    names = {member.name for member in RequestStatus}
-                    if "RUNNING" not in names or not any(n.startswith("FINISHED") for n in names):
-                        raise UnsupportedVLLMError(
-                            f"RequestStatus has no RUNNING/FINISHED_* members: {sorted(names)}"
-                        )
+                    missing = missing_request_members(Request, RequestStatus)
+                    if missing:
+                        raise UnsupportedVLLMError(f"vllm.v1.request lacks {', '.join(missing)}")
                 assert scheduler_cls is not None
                 for name in _REQUIRED:
                     if not callable(getattr(scheduler_cls, name, None)):

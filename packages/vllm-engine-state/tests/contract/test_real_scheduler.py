@@ -45,6 +45,14 @@ def test_status_classification_matches_vllm() -> None:
         assert (status_kind(status) == RUNNING) == (status == RequestStatus.RUNNING), status
 
 
+def test_every_member_read_is_present() -> None:
+    from vllm.v1.request import Request, RequestStatus
+
+    from vllm_engine_state._patch import missing_request_members
+
+    assert missing_request_members(Request, RequestStatus) == []
+
+
 def test_chunked_prefill_falls_step_by_step(make_scheduler: Any) -> None:
     sched = make_scheduler(max_num_batched_tokens=64)
     sched.add_request(make_request("big", 300, token=100))

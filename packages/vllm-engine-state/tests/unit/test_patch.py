@@ -347,3 +347,44 @@ def test_unsupported_vllm_is_refused_with_one_line(
     assert len(caplog.records) == 1
     assert "0.20.2 is outside the supported range >=0.27,<0.35" in caplog.text
     assert inst.refusal is not None
+
+
+def test_request_members_are_feature_detected() -> None:
+    from engine_state_fakes import FakeRequest, Status
+
+    from vllm_engine_state._patch import missing_request_members
+
+    assert missing_request_members(FakeRequest, Status) == []
+
+    class Renamed:  # a future Request that renamed its counters
+        def __init__(self) -> None:
+            self.status = Status.WAITING
+            self.num_cached_tokens = 0
+
+    import enum
+
+    class OnlyWaiting(enum.Enum):
+        WAITING = 1
+
+    assert missing_request_members(Renamed, OnlyWaiting) == [
+        "Request.num_tokens",
+        "Request.num_prompt_tokens",
+        "Request.num_computed_tokens",
+        "RequestStatus.RUNNING",
+        "RequestStatus.FINISHED_*",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [({"uri": None}, "URI is not set"), ({"enabled": False}, "kill switch")],
+)
+def test_apply_refuses_when_not_configured(
+    cls: type, settings: Settings, change: dict[str, Any], reason: str
+) -> None:
+    inst = EngineStateInstrumentor()
+    before = dict(cls.__dict__)
+    assert not inst.apply(Settings(**{**settings.__dict__, **change}), scheduler_cls=cls)
+    assert inst.refusal is not None
+    assert reason in inst.refusal
+    assert dict(cls.__dict__) == before
