@@ -135,7 +135,7 @@ def main() -> int:
                "--event-loop", args.event_loop]  # fmt: skip
         for u in urls:
             cmd += ["--engine", u]
-        router = subprocess.Popen(cmd)
+        router = proc = subprocess.Popen(cmd, text=True)
         asyncio.run(_wait_up(router_url))
         # Warm both paths (connection pools, imports, JIT-less caches).
         asyncio.run(_drive(router_url, 200, 8, True, args.max_tokens, 0))
@@ -151,9 +151,9 @@ def main() -> int:
                         _drive(u, share, max(1, c // len(urls)), stream, args.max_tokens, i)
                     )
                     direct += lat
-                cpu0 = _cpu_seconds(router.pid)
+                cpu0 = _cpu_seconds(proc.pid)
                 via, elapsed = asyncio.run(_drive(router_url, n, c, stream, args.max_tokens, 1))
-                cpu = _cpu_seconds(router.pid) - cpu0
+                cpu = _cpu_seconds(proc.pid) - cpu0
                 results.append(
                     {
                         "stream": stream,
@@ -193,13 +193,13 @@ def main() -> int:
             )
         )
     finally:
-        for proc in (router, fakes):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+        for child in (router, fakes):
+            if child is not None and child.poll() is None:
+                child.send_signal(signal.SIGINT)
                 try:
-                    proc.wait(timeout=10)
+                    child.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    child.kill()
     return 0
 
 

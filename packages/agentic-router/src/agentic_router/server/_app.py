@@ -112,6 +112,7 @@ class EngineFailure(Exception):
         self.status = status
         self.message = message
         self.retriable = retriable
+        self.slot: int | None = None  # the engine that failed, when not the obvious one
 
 
 @dataclass
@@ -171,6 +172,12 @@ class Telemetry:
         "engine failures by engine and kind",
         ("engine", "kind"),
     )
+    decode_moves_ignored = Family(
+        "agentic_router_decode_moves_ignored_total",
+        "counter",
+        "decode moves (Mechanism B) a policy asked for that the proxy could not make "
+        "(needs --pd-protocol vllm and engines with a KV connector)",
+    )
     migrations = Family(
         "agentic_router_migrations_total",
         "counter",
@@ -181,7 +188,14 @@ class Telemetry:
 
     def __post_init__(self) -> None:
         # class-level Family objects would be shared between apps: give each app its own
-        for name in ("requests", "decisions", "retries", "engine_failures", "migrations"):
+        for name in (
+            "requests",
+            "decisions",
+            "retries",
+            "engine_failures",
+            "migrations",
+            "decode_moves_ignored",
+        ):
             old: Family = getattr(type(self), name)
             setattr(self, name, Family(old.name, old.kind, old.help, old.labels))
 
@@ -388,12 +402,16 @@ class Proxy:
 
     def _note_decision(self, ctx: _Ctx, decision: Any, worker: int, decode: int | None) -> None:
         self.telemetry.decisions.inc(str(decision.policy), str(decision.reason))
-        migrated = decode is not None and decode != worker
+        # A migration: decode moved off the prefill worker (aggregated Mechanism B),
+        # or the session's serving worker changed (its decode worker in P/D).
+        pd = self.config.pd_mode
+        migrated = not pd and decode is not None and decode != worker
+        serving = decode if pd and decode is not None else worker
         if ctx.session_id is not None:
             home = self._session_home.get(ctx.session_id)
-            if home is not None and home != worker:
+            if home is not None and home != serving:
                 migrated = True
-            self._session_home[ctx.session_id] = worker
+            self._session_home[ctx.session_id] = serving
             if len(self._session_home) > 200_000:
                 self._session_home.pop(next(iter(self._session_home)))
         if migrated:
@@ -432,6 +450,21 @@ class Proxy:
             if decision is None:
                 break
             worker = decision.worker
+            decode = decision.decode_worker
+            if decode is not None and decode != worker and decode not in tried:
+                # Mechanism B: prefill here, decode on another engine (KV moves over
+                # the engines' connector, with the vLLM handshake).
+                if self.config.pd_protocol == "vllm":
+                    self._note_decision(ctx, decision, worker, decode)
+                    try:
+                        return await self._handoff(ctx, routing_request, worker, decode)
+                    except EngineFailure as exc:
+                        last = exc
+                        if not exc.retriable:
+                            break
+                        tried.add(exc.slot if exc.slot is not None else worker)
+                        continue
+                self.telemetry.decode_moves_ignored.inc()
             # The reservation, with no await since decide(): a concurrent request sees it.
             self.core.add_request(routing_request, worker)
             try:
@@ -646,6 +679,16 @@ class Proxy:
 
         return await serve_pd(self, ctx)
 
+    async def _handoff(self, ctx: _Ctx, req: Any, p_slot: int, d_slot: int) -> web.StreamResponse:
+        from agentic_router.server._pd import _SideFailure, handoff
+
+        try:
+            return await handoff(self, ctx, req, p_slot, d_slot)
+        except _SideFailure as exc:
+            failure = exc.failure
+            failure.slot = exc.slot
+            raise failure from None
+
     # ---- the other endpoints ----
 
     async def models(self, request: web.Request) -> web.Response:
@@ -707,7 +750,14 @@ class Proxy:
 
     async def metrics(self, request: web.Request) -> web.Response:
         t = self.telemetry
-        families = [t.requests, t.decisions, t.retries, t.engine_failures, t.migrations]
+        families = [
+            t.requests,
+            t.decisions,
+            t.retries,
+            t.engine_failures,
+            t.migrations,
+            t.decode_moves_ignored,
+        ]
         inflight = Family("agentic_router_inflight_requests", "gauge", "requests in flight")
         inflight.set(value=float(self.inflight))
         breaker = Family(

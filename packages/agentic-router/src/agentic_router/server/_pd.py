@@ -39,6 +39,7 @@ from agentic_router.server._app import (
 from agentic_router.server._routing import DECODE, PREFILL
 
 if TYPE_CHECKING:
+    from agentic_router.core import RoutingRequest
     from agentic_router.server._app import Endpoint, Proxy, _Ctx
 
 
@@ -50,80 +51,98 @@ class _SideFailure(Exception):
 
 
 async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
+    """Prefill/decode mode: a prefill engine then (or with) a decode engine."""
     core = proxy.core
     tried: set[int] = set()
     last: EngineFailure | None = None
     for attempt in range(proxy.config.max_retries + 1):
         proxy._sync_health()
         base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
-        req_p = core.routing_request(ctx.parsed, base + ":p", ctx.session_id)
-        req_d = dataclasses.replace(req_p, request_id=base + ":d")
-        dec_p = core.decide(req_p, exclude=tried, role=PREFILL)
-        dec_d = core.decide(req_d, exclude=tried, role=DECODE)
-        if dec_p is None or dec_d is None:
+        req = core.routing_request(ctx.parsed, base, ctx.session_id)
+        dec_p = core.decide(req, exclude=tried, role=PREFILL)
+        if dec_p is None:
             break
-        p, d = proxy.endpoints[dec_p.worker], proxy.endpoints[dec_d.worker]
-        # Both reservations, with no await since the decisions.
-        core.add_request(req_p, p.slot)
-        core.add_request(req_d, d.slot)
+        d_slot = dec_p.decode_worker  # the policy's own decode choice, if it made one
+        dec_d = None
+        if d_slot is None or d_slot in tried:
+            dec_d = core.decide(req, exclude=tried, role=DECODE)
+            if dec_d is None:
+                break
+            d_slot = dec_d.worker
+        proxy._note_decision(ctx, dec_p, dec_p.worker, d_slot)
+        if dec_d is not None and proxy.logs is not None:
+            proxy.logs.decision(base, ctx.session_id, dec_d.to_log(), stage="decode")
+        if attempt:
+            proxy.telemetry.retries.inc()
         try:
-            p.requests += 1
-            d.requests += 1
-            p.breaker.dispatched()
-            d.breaker.dispatched()
-            proxy._note_decision(ctx, dec_p, p.slot, d.slot)
-            if proxy.logs is not None:
-                proxy.logs.decision(
-                    req_d.request_id, ctx.session_id, dec_d.to_log(), stage="decode"
-                )
-            if attempt:
-                proxy.telemetry.retries.inc()
-            forwarded_id = ctx.client_request_id or base
-            headers = proxy._headers(ctx, forwarded_id)
-            try:
-                if proxy.config.pd_protocol == "vllm":
-                    response = await _vllm(
-                        proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
-                    )
-                else:
-                    response = await _sglang(
-                        proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
-                    )
-            except _SideFailure as exc:
-                last = exc.failure
-                reason = _admission_reason(last.status)
-                proxy._admission(ctx, exc.slot, None, False, reason)
-                if exc.slot == d.slot:
-                    core.notify(
-                        "admission",
-                        d.slot,
-                        request_id=req_d.request_id,
-                        session_id=ctx.session_id,
-                        admitted=False,
-                        reason=reason,
-                    )
-                if not last.retriable:
-                    break
-                tried.add(exc.slot)
-                continue
-            core.notify(
-                "admission",
-                d.slot,
-                request_id=req_d.request_id,
-                session_id=ctx.session_id,
-                admitted=True,
-                reason="ok",
-            )
-            return response
-        finally:
-            core.free(req_p.request_id)
-            core.free(req_d.request_id)
+            return await handoff(proxy, ctx, req, dec_p.worker, d_slot)
+        except _SideFailure as exc:
+            last = exc.failure
+            if not last.retriable:
+                break
+            tried.add(exc.slot)
     if last is None:
         proxy.telemetry.requests.inc(ctx.endpoint, "no_engine")
         proxy._admission(ctx, None, None, False, "no-usable-engine")
         return _json_error(503, "no usable prefill/decode pair: engines down or circuits open")
     proxy.telemetry.requests.inc(ctx.endpoint, f"engine_{last.status}")
     return _json_error(last.status, last.message)
+
+
+async def handoff(
+    proxy: Proxy, ctx: _Ctx, req: RoutingRequest, p_slot: int, d_slot: int
+) -> web.StreamResponse:
+    """One attempt of prefill on `p_slot` and decode on `d_slot` (P/D, or Mechanism B
+    between two aggregated engines), with its accounting. Raises _SideFailure
+    naming the engine that failed while nothing reached the client."""
+    core = proxy.core
+    p, d = proxy.endpoints[p_slot], proxy.endpoints[d_slot]
+    req_p = dataclasses.replace(req, request_id=req.request_id + ":p")
+    req_d = dataclasses.replace(req, request_id=req.request_id + ":d")
+    # Both reservations, with no await since the decisions. D first: when both
+    # are in one Router (Mechanism B) the session's home stays the prefill worker.
+    core.add_request(req_d, d.slot)
+    core.add_request(req_p, p.slot)
+    try:
+        p.requests += 1
+        d.requests += 1
+        p.breaker.dispatched()
+        d.breaker.dispatched()
+        headers = proxy._headers(ctx, ctx.client_request_id or req.request_id)
+        try:
+            if proxy.config.pd_protocol == "vllm":
+                response = await _vllm(
+                    proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
+                )
+            else:
+                response = await _sglang(
+                    proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
+                )
+        except _SideFailure as exc:
+            reason = _admission_reason(exc.failure.status)
+            proxy._admission(ctx, exc.slot, None, False, reason)
+            if exc.slot == d.slot:
+                core.notify(
+                    "admission",
+                    d.slot,
+                    request_id=req_d.request_id,
+                    session_id=ctx.session_id,
+                    admitted=False,
+                    reason=reason,
+                )
+            raise
+        core.notify(
+            "admission",
+            d.slot,
+            request_id=req_d.request_id,
+            session_id=ctx.session_id,
+            admitted=True,
+            reason="ok",
+        )
+        return response
+    finally:
+        core.free(req_p.request_id)
+        core.free(req_d.request_id)
 
 
 async def _read_prefill(

@@ -159,12 +159,18 @@ class RoutingCore:
         if decision.worker in local_ex:  # every other worker was unhealthy too
             return None
         decode = decision.decode_worker
-        if pool.offset == 0:
+        if decode is not None:
+            # A decode selector in the prefill pool names a decode-pool worker (as in
+            # the simulator); elsewhere it names a worker of the same pool (Mechanism B).
+            target = self.pools.get(DECODE) if role == PREFILL else pool
+            if target is None or not 0 <= decode < target.size:
+                decode = None
+            else:
+                decode += target.offset
+        if pool.offset == 0 and decode == decision.decode_worker:
             return decision
         return dataclasses.replace(
-            decision,
-            worker=decision.worker + pool.offset,
-            decode_worker=None if decode is None else decode + pool.offset,
+            decision, worker=decision.worker + pool.offset, decode_worker=decode
         )
 
     def add_request(self, req: RoutingRequest, slot: int) -> None:
