@@ -182,6 +182,8 @@ class SimEngine:
         self.cached_tokens_seen = 0
         self.prefill_tokens_computed = 0
         self.evictions = 0
+        # P side: blocks of finished prefill-only requests until D pulls them
+        self._held_for_pull: dict[str, tuple[list[int], int]] = {}
 
     # -- KV pool -------------------------------------------------------------------------------
 
@@ -506,11 +508,28 @@ class SimEngine:
                 req.finish_time = now
                 if not req.prefill_only:  # a P instance keeps blocks until pulled
                     self._release(req)
+                else:
+                    # (fix by the migration helper) P's blocks are kept apart from the
+                    # request: the decode engine fills req.shared/private_blocks with its own.
+                    self._held_for_pull[req.request_id] = (req.shared, req.private_blocks)
+                    req.shared = []
+                    req.private_blocks = 0
         return out
 
     def release(self, req: SimRequest) -> None:
         """Free a finished prefill-only request's blocks once its KV has been pulled."""
-        self._release(req)
+        held = self._held_for_pull.pop(req.request_id, None)
+        if held is None:
+            self._release(req)
+        else:
+            shared, private = held
+            self.private_blocks -= private
+            cached, evictable = self.cached, self.evictable
+            for h in reversed(shared):
+                rc = cached[h] - 1
+                cached[h] = rc
+                if rc == 0:
+                    evictable[h] = None
         self._dirty = True
 
     # -- P/D decode side ---------------------------------------------------------------------
