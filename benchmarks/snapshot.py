@@ -137,8 +137,11 @@ def server_rates(work: Path, rounds: int, tokens: int) -> dict[str, Any]:
             servers[mode].complete("warm up", max_tokens=8, temperature=0)
         first_seq = open_reader(state_dir.as_uri()).read_all()["engine_0"].seq
         t0 = time.monotonic()
-        for _ in range(rounds):
-            for mode, server in servers.items():
+        for round_no in range(rounds):
+            order = list(servers.items())
+            if round_no % 2:
+                order.reverse()  # neither mode always goes first
+            for mode, server in order:
                 rates[mode].append(decode_round(server, tokens))
         reader = open_reader(state_dir.as_uri(), Freshness(max_age_s=float("inf")))
         published = reader.read_all()["engine_0"].seq - first_seq
