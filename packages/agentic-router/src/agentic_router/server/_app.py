@@ -149,55 +149,53 @@ class Endpoint:
         }
 
 
-@dataclass
 class Telemetry:
-    requests = Family(
-        "agentic_router_requests_total",
-        "counter",
-        "requests by endpoint and outcome",
-        ("endpoint", "outcome"),
-    )
-    decisions = Family(
-        "agentic_router_decisions_total",
-        "counter",
-        "routing decisions by policy and reason",
-        ("policy", "reason"),
-    )
-    retries = Family(
-        "agentic_router_retries_total", "counter", "requests retried on another engine"
-    )
-    engine_failures = Family(
-        "agentic_router_engine_failures_total",
-        "counter",
-        "engine failures by engine and kind",
-        ("engine", "kind"),
-    )
-    decode_moves_ignored = Family(
-        "agentic_router_decode_moves_ignored_total",
-        "counter",
-        "decode moves (Mechanism B) a policy asked for that the proxy could not make "
-        "(needs --pd-protocol vllm and engines with a KV connector)",
-    )
-    migrations = Family(
-        "agentic_router_migrations_total",
-        "counter",
-        "requests whose decode ran on another worker than their prefill, or whose session "
-        "moved to another worker",
-    )
-    _extra: dict[str, Family] = field(default_factory=dict)
+    """The proxy's own counters (the gauges are computed at scrape time)."""
 
-    def __post_init__(self) -> None:
-        # class-level Family objects would be shared between apps: give each app its own
-        for name in (
-            "requests",
-            "decisions",
-            "retries",
-            "engine_failures",
-            "migrations",
-            "decode_moves_ignored",
-        ):
-            old: Family = getattr(type(self), name)
-            setattr(self, name, Family(old.name, old.kind, old.help, old.labels))
+    def __init__(self) -> None:
+        self.requests = Family(
+            "agentic_router_requests_total",
+            "counter",
+            "requests by endpoint and outcome",
+            ("endpoint", "outcome"),
+        )
+        self.decisions = Family(
+            "agentic_router_decisions_total",
+            "counter",
+            "routing decisions by policy and reason",
+            ("policy", "reason"),
+        )
+        self.retries = Family(
+            "agentic_router_retries_total", "counter", "requests retried on another engine"
+        )
+        self.engine_failures = Family(
+            "agentic_router_engine_failures_total",
+            "counter",
+            "engine failures by engine and kind",
+            ("engine", "kind"),
+        )
+        self.migrations = Family(
+            "agentic_router_migrations_total",
+            "counter",
+            "requests whose decode ran on another worker than their prefill (Mechanism B), "
+            "or whose session moved to another serving worker",
+        )
+        self.decode_moves_ignored = Family(
+            "agentic_router_decode_moves_ignored_total",
+            "counter",
+            "decode moves (Mechanism B) a policy asked for that the proxy could not make "
+            "(they need --pd-protocol vllm and engines with a KV connector)",
+        )
+
+    def families(self) -> list[Family]:
+        return [
+            self.requests,
+            self.decisions,
+            self.retries,
+            self.engine_failures,
+            self.migrations,
+            self.decode_moves_ignored,
+        ]
 
 
 class Proxy:
@@ -750,14 +748,7 @@ class Proxy:
 
     async def metrics(self, request: web.Request) -> web.Response:
         t = self.telemetry
-        families = [
-            t.requests,
-            t.decisions,
-            t.retries,
-            t.engine_failures,
-            t.migrations,
-            t.decode_moves_ignored,
-        ]
+        families = t.families()
         inflight = Family("agentic_router_inflight_requests", "gauge", "requests in flight")
         inflight.set(value=float(self.inflight))
         breaker = Family(
