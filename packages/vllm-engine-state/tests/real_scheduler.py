@@ -62,7 +62,9 @@ def create_scheduler(
     enable_prefix_caching: bool = True,
     async_scheduling: bool = False,
     scheduler_cls: type | None = None,
+    data_parallel: tuple[int, int] | None = None,
 ) -> Any:
+    """`data_parallel=(rank, size)` builds the scheduler of one engine of a DP server."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -100,8 +102,24 @@ def create_scheduler(
         cache_dtype="auto",
         enable_prefix_caching=enable_prefix_caching,
     )
+    extra: dict[str, Any] = {}
+    if data_parallel is not None:
+        from vllm.config import ParallelConfig
+
+        rank, size = data_parallel
+        parallel = ParallelConfig(
+            data_parallel_size=size, data_parallel_rank=rank, data_parallel_size_local=size
+        )
+        # What vLLM >= 0.14 does in each engine of a dense model before it
+        # builds the scheduler: data_parallel_rank becomes 0, while
+        # data_parallel_index keeps the engine's index.
+        parallel.data_parallel_rank = 0
+        extra["parallel_config"] = parallel
     vllm_config = VllmConfig(
-        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        **extra,
     )
     spec_kwargs: dict[str, Any] = {
         "block_size": BLOCK_SIZE,

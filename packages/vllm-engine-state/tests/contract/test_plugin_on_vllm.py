@@ -131,3 +131,24 @@ def test_revert_stops_publishers_and_reapply_works(uri: str, make_scheduler: Any
     again = make_scheduler()
     assert len(INSTRUMENTOR.publishers()) == 1
     del plain, again
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "expected"),
+    [(None, ["engine_0", "engine_1"]), ("node7", ["node7_dp0", "node7_dp1"])],
+)
+def test_data_parallel_engines_publish_under_their_own_ids(
+    uri: str,
+    make_scheduler: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    worker_id: str | None,
+    expected: list[str],
+) -> None:
+    if worker_id is not None:
+        monkeypatch.setenv("AGENTIC_WORKER_ID", worker_id)
+    assert vllm_engine_state.apply()
+    engines = [make_scheduler(data_parallel=(rank, 2)) for rank in range(2)]
+    assert [e.parallel_config.data_parallel_rank for e in engines] == [0, 0]
+    reader = open_reader(uri)
+    wait_for(lambda: sorted(reader.read_all()) == expected)
+    del engines
