@@ -335,33 +335,9 @@ def write_plots(
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
-    fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.get_cmap("tab10")
-    policies = list(dict.fromkeys(label.split("/")[0] for label in ttfts))
-    for label, values in ttfts.items():
-        v = sorted(x for x in values if x > 0)
-        if not v:
-            continue
-        ys = [(i + 1) / len(v) for i in range(len(v))]
-        ax.step(
-            v,
-            ys,
-            where="post",
-            label=label,
-            color=colors(policies.index(label.split("/")[0]) % 10),
-            linestyle="--" if label.endswith("es0") else "-",
-        )
-    ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF per policy (solid: feed on, dashed: feed off)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    path = out_dir / "ttft_cdf.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    if any(any(x > 0 for x in v) for v in ttfts.values()):
+        written.append(_ttft_cdf(plt, colors, out_dir, ttfts))
 
     if loads:
         n = len(loads)
@@ -390,25 +366,61 @@ def write_plots(
 
     hists = [(s["label"], s["switches_per_session"]["histogram"]) for s in summaries]
     if any(h for _, h in hists):
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        keys = sorted({int(k) for _, h in hists for k in h})
-        width = 0.8 / max(1, len(hists))
+        bins = ((0, 0), (1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 10**9))
+        names = ["0", "1", "2", "3-5", "6-10", "11-20", "21+"]
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        colors = plt.get_cmap("tab10")
+        policies = list(dict.fromkeys(label.split("/")[0] for label, _ in hists))
+        width = 0.85 / len(hists)
         for j, (label, h) in enumerate(hists):
+            counts = [sum(n for k, n in h.items() if lo <= int(k) <= hi) for lo, hi in bins]
             ax.bar(
-                [x + j * width for x in range(len(keys))],
-                [h.get(str(k), 0) for k in keys],
+                [x + j * width for x in range(len(bins))],
+                counts,
                 width=width,
                 label=label,
+                color=colors(policies.index(label.split("/")[0]) % 10),
+                hatch="//" if label.endswith("es0") else None,
+                edgecolor="white",
             )
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(keys))])
-        ax.set_xticklabels([str(k) for k in keys], fontsize=7)
-        ax.set_xlabel("switches of serving worker per session (D-switches in P/D)")
+        ax.set_xticks([x + 0.425 - width / 2 for x in range(len(bins))])
+        ax.set_xticklabels(names)
+        ax.set_xlabel("times a session's consecutive turns changed worker (D-switches in P/D)")
         ax.set_ylabel("sessions")
-        ax.set_title("Session switch histogram")
-        ax.legend(fontsize=7)
+        ax.set_title("Session switches (hatched: feed off)")
+        ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         path = out_dir / "switch_histogram.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _ttft_cdf(plt: Any, colors: Any, out_dir: Path, ttfts: Mapping[str, Sequence[float]]) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    policies = list(dict.fromkeys(label.split("/")[0] for label in ttfts))
+    for label, values in ttfts.items():
+        v = sorted(x for x in values if x > 0)
+        if not v:
+            continue
+        ys = [(i + 1) / len(v) for i in range(len(v))]
+        ax.step(
+            v,
+            ys,
+            where="post",
+            label=label,
+            color=colors(policies.index(label.split("/")[0]) % 10),
+            linestyle="--" if label.endswith("es0") else "-",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title("TTFT CDF per policy (solid: feed on, dashed: feed off)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    path = out_dir / "ttft_cdf.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

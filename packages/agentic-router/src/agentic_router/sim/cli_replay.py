@@ -131,12 +131,9 @@ class Progress:
             return
         took = time.perf_counter() - self.t0
         mean = summary["ttft_s"]["mean"]
-        text = (
-            f"  [{self.run_index}/{self.total_runs}] {self.label:<22} done in {took:5.1f} s"
-            f"  (mean TTFT {mean:.3f} s)"
-            if mean is not None
-            else ""
-        )
+        text = f"  [{self.run_index}/{self.total_runs}] {self.label:<22} done in {took:5.1f} s"
+        if mean is not None:
+            text += f"  (mean TTFT {mean:.3f} s)"
         if self.tty:
             self.stream.write("\r" + text.ljust(100) + "\n")
         else:
