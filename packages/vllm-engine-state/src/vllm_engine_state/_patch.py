@@ -128,6 +128,7 @@ def data_parallel_position(scheduler: Any) -> tuple[int, int]:
 class _Applied:
     cls: type
     originals: dict[str, Any]  # name -> what cls.__dict__ held (or _MISSING)
+    wrappers: dict[str, Any]  # name -> the wrapper we installed
     settings: Settings
     version: str
 
@@ -190,26 +191,27 @@ class EngineStateInstrumentor:
                 for name in _REQUIRED:
                     if not callable(getattr(scheduler_cls, name, None)):
                         raise UnsupportedVLLMError(f"{scheduler_cls.__qualname__}.{name} missing")
-            except (UnsupportedVLLMError, SettingsError, ImportError, AttributeError) as exc:
-                self.refusal = str(exc)
+            except Exception as exc:  # a refusal, whatever went wrong: vLLM stays as it was
+                self.refusal = str(exc) or repr(exc)
                 log.warning("vllm-engine-state: not patching vLLM: %s", exc)
                 return False
             originals = {name: scheduler_cls.__dict__.get(name, _MISSING) for name in _WRAPPED}
-            installed: list[str] = []
+            installed: dict[str, Any] = {}
             try:
                 for name in _WRAPPED:
                     target = getattr(scheduler_cls, name, None)
                     if target is None:
                         continue  # shutdown is optional; atexit and the weakref still stop us
-                    setattr(scheduler_cls, name, self._wrapper(name, target))
-                    installed.append(name)
+                    wrapper = self._wrapper(name, target)
+                    setattr(scheduler_cls, name, wrapper)
+                    installed[name] = wrapper
             except Exception as exc:  # all-or-nothing
                 for name in installed:
                     self._restore(scheduler_cls, name, originals[name])
                 self.refusal = f"patching failed: {exc!r}"
                 log.warning("vllm-engine-state: not patching vLLM: %s", self.refusal)
                 return False
-            self._applied = _Applied(scheduler_cls, originals, settings, version)
+            self._applied = _Applied(scheduler_cls, originals, installed, settings, version)
             self.active = True
             self.refusal = None
             if not self._atexit_registered:
@@ -234,8 +236,18 @@ class EngineStateInstrumentor:
             self._publishers.clear()
         if applied is None:
             return
-        for name, original in applied.originals.items():
-            self._restore(applied.cls, name, original)
+        for name, wrapper in applied.wrappers.items():
+            if applied.cls.__dict__.get(name) is wrapper:
+                self._restore(applied.cls, name, applied.originals[name])
+            else:
+                # Someone wrapped it after us; restoring would drop their
+                # wrapper. Ours stays underneath, inert (active is False).
+                log.warning(
+                    "vllm-engine-state: %s.%s was wrapped again after us; left in place, "
+                    "our part of it is now a pass-through",
+                    applied.cls.__qualname__,
+                    name,
+                )
         for scheduler, publisher in publishers:
             publisher.stop("revert()")
             with contextlib.suppress(AttributeError):

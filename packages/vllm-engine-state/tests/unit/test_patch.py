@@ -388,3 +388,29 @@ def test_apply_refuses_when_not_configured(
     assert inst.refusal is not None
     assert reason in inst.refusal
     assert dict(cls.__dict__) == before
+
+
+def test_revert_leaves_a_later_wrapper_in_place(
+    cls: type, inst: EngineStateInstrumentor, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    original_schedule = cls.__dict__["schedule"]
+    inst.apply(settings, scheduler_cls=cls)
+    ours = cls.__dict__["schedule"]
+    calls: list[str] = []
+
+    def theirs(self: Any) -> Any:  # another plugin wraps schedule after us
+        calls.append("theirs")
+        return ours(self)
+
+    cls.schedule = theirs
+    with caplog.at_level(logging.WARNING, "vllm.plugins.engine_state"):
+        inst.revert()
+    assert "schedule was wrapped again after us" in caplog.text
+    assert cls.__dict__["schedule"] is theirs  # their wrapper survives
+    assert cls.__dict__["__init__"].__name__ == "__init__"
+    assert not getattr(cls.__dict__["__init__"], MARKER, False)  # the rest is restored
+    sched = cls()
+    assert sched.schedule() == 1
+    assert calls == ["theirs"]
+    assert not hasattr(sched, LAST_STEP_ATTR)  # ours, underneath, is inert
+    assert ours.__wrapped__ is original_schedule

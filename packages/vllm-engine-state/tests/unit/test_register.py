@@ -75,7 +75,7 @@ def test_anything_unexpected_is_logged_never_raised(
 
     broken.__getattr__ = explode  # type: ignore[method-assign]
     monkeypatch.setitem(sys.modules, "vllm", broken)
-    with caplog.at_level(logging.ERROR, "vllm.plugins.engine_state"):
+    with caplog.at_level(logging.WARNING, "vllm.plugins.engine_state"):
         register()
-    assert "register() failed" in caplog.text
+    assert "not patching vLLM: half-installed vllm" in caplog.text
     assert not vllm_engine_state.is_applied()
