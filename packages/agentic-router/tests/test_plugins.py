@@ -46,7 +46,7 @@ def test_builtins_register_through_the_public_hooks() -> None:
     assert set(BUILTIN_POLICIES) <= set(comp.policies)
     assert {comp.origin[f"policy:{p}"] for p in BUILTIN_POLICIES} == {"builtin"}
     impls = {i.plugin_name for i in pm.hook.agentic_router_policies.get_hookimpls()}
-    assert impls == {"builtin"}
+    assert impls == {"builtin", "pd"}  # pd: kv_aware and unified_v3 (agentic_router.pd)
 
 
 class Exploding:

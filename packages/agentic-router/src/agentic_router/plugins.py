@@ -57,6 +57,7 @@ def make_plugin_manager(
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name=BUILTIN_NAME)
+    pm.register(importlib.import_module("agentic_router.pd._plugin"), name="pd")  # kv_aware, v3
     failed: dict[str, str] = {}
     skipped: list[str] = []
     if load_entry_points:

@@ -1,0 +1,69 @@
+"""The `kv_aware` and `unified_v3` policies, registered through the same pluggy hooks
+as the built-ins (the plugin-manager factory registers this module as ``pd``).
+
+Knob values come from `RouterConfig.extra` > AGENTIC_* environment > defaults
+(`agentic_router.pd._knobs`); a bad value fails the Router's construction with
+a message naming the knob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from agentic_router.builtin import AFFINITY_WEIGHT
+from agentic_router.hookspecs import hookimpl
+from agentic_router.pd._knobs import settings_from
+from agentic_router.pd._kvaware import KvAwareScorer
+from agentic_router.pd._mechb import UnifiedV3Selector
+from agentic_router.policy import PolicySpec, Scorer
+
+if TYPE_CHECKING:
+    from agentic_router.core import Router, RouterConfig
+    from agentic_router.policy import DecodeSelector, RouterEvent
+
+KV_AWARE = "kv_aware"
+UNIFIED_V3 = "unified_v3"
+
+
+@hookimpl
+def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
+    return [KvAwareScorer(settings_from(config.extra), config)]
+
+
+def _v3_selector(config: RouterConfig) -> DecodeSelector:
+    return UnifiedV3Selector(settings_from(config.extra), config)
+
+
+@hookimpl
+def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
+    return [
+        PolicySpec(
+            KV_AWARE,
+            "P/D decode-worker choice: direct-to-D on the session's resident D, typed "
+            "admission reasons, reset-on-success windowed reject counters, guarded migration "
+            "(cooldown, budget) to the migration target scorer's pick, load-floor bonus for "
+            "sessions not yet sticky (knobs: --migration-rule ...)",
+            ((KV_AWARE, AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            tie_break=("uncached_tokens", "eff_num_requests"),
+        ),
+        PolicySpec(
+            UNIFIED_V3,
+            "unified for prefill (the session's home keeps its cache); the decode moves to a "
+            "worker with clearly fewer decodes when home is busy (Mechanism B), with a "
+            "recent-migration penalty; KV flows home -> target",
+            (("session_affinity_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            tie_break=("uncached_tokens", "eff_num_requests"),
+            decode_selector=_v3_selector,
+        ),
+    ]
+
+
+@hookimpl
+def agentic_router_event(router: Router, event: RouterEvent) -> None:
+    """Feed the Router's own kv_aware scorer (its session table) while kv_aware routes."""
+    if router.policy != KV_AWARE:
+        return
+    scorer = router.components.scorers.get(KV_AWARE)
+    if isinstance(scorer, KvAwareScorer):
+        scorer.on_event(event)
