@@ -36,6 +36,16 @@ LAST_STEP_ATTR = "_agentic_engine_state_last_step_ts"
 # not transient: the scheduler lacks what we read. Stop publishing, say why once.
 MAX_CONSECUTIVE_FAILURES = 20
 
+# The publisher shares the EngineCore's interpreter lock. With thousands of
+# queued requests a snapshot costs milliseconds of CPU; the period then
+# stretches so that snapshots never take more than this share of one core.
+MAX_CPU_SHARE = 0.05
+
+
+def effective_period(period_s: float, cpu_cost_s: float) -> float:
+    """The wait before the next snapshot: the period, stretched for costly snapshots."""
+    return max(period_s, cpu_cost_s / MAX_CPU_SHARE)
+
 
 @dataclass
 class PublisherStats:
@@ -113,6 +123,9 @@ class Publisher:
         next_due = time.monotonic()
         try:
             while not self._stop.is_set():
+                # Our own CPU time only: time spent waiting for the lock while the
+                # engine works must not slow the feed down when it matters most.
+                cpu_before = time.thread_time()
                 try:
                     if not self.publish_once():
                         self.stats.stop_reason = "scheduler gone"
@@ -137,7 +150,8 @@ class Publisher:
                     )
                 # Fixed rate, not fixed sleep; after a stall (GIL held by a long
                 # step) publish at once rather than trying to catch up.
-                next_due += self.period_s
+                cost = time.thread_time() - cpu_before
+                next_due += effective_period(self.period_s, cost)
                 now = time.monotonic()
                 next_due = max(next_due, now)
                 self._stop.wait(next_due - now)

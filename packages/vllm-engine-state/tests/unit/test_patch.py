@@ -414,3 +414,11 @@ def test_revert_leaves_a_later_wrapper_in_place(
     assert calls == ["theirs"]
     assert not hasattr(sched, LAST_STEP_ATTR)  # ours, underneath, is inert
     assert ours.__wrapped__ is original_schedule
+
+
+def test_costly_snapshots_stretch_the_period() -> None:
+    from vllm_engine_state._publisher import effective_period
+
+    assert effective_period(0.05, 0.0001) == 0.05  # 100 µs: 20 Hz as configured
+    assert effective_period(0.05, 0.002) == pytest.approx(0.05)  # 2 ms: 4 % of a core
+    assert effective_period(0.05, 0.010) == pytest.approx(0.2)  # 10 ms: capped at 5 %
