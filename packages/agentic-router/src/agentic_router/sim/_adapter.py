@@ -86,6 +86,7 @@ class RouterDriver:
 
             self.logs = JsonlLogs(config.log_dir, clock=clock, background=False)
         self.decode_decisions = 0
+        self._p_done: set[str] = set()
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -169,6 +170,7 @@ class RouterDriver:
         self.prefill.mark_prefill_completed(rid)
         if self.pd:
             self.prefill.free(rid)
+            self._p_done.add(rid)
 
     def transfer_done(self, req: SimRequest) -> None:
         """The decode engine has the KV (nothing for the Routers to do)."""
@@ -177,7 +179,11 @@ class RouterDriver:
         """Done, or failed: every reservation of the request is released (idempotent)."""
         if self.pd:
             assert self.decode is not None
-            self.prefill.free(req.request_id + ":p")
+            rid_p = req.request_id + ":p"
+            if rid_p in self._p_done:  # P's reservation already ended (as the proxy does)
+                self._p_done.discard(rid_p)
+            else:
+                self.prefill.free(rid_p)
             self.decode.free(req.request_id + ":d")
             if req.decode_worker is not None:
                 self.decode.notify(

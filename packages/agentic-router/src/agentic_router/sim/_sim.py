@@ -46,6 +46,12 @@ _RECONCILE: Final = 4
 _ARRIVE: Final = 5
 _SAMPLE: Final = 6
 
+#: DESIGN §1/§4 (the project's own observation, no published figure): a very large
+#: prefill holds the engine's Python thread, so the state publisher cannot run. We
+#: take "very large" as a step whose prefill part lasts 1 s or more, i.e. a chunk
+#: of 8192 tokens attending over about 60k tokens of context on the default profile.
+DEFAULT_PUBLISHER_STALL_S: Final = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -108,7 +114,7 @@ class SimConfig:
     reconcile_period_s: float = 30.0
     #: a step whose prefill part is at least this long blocks the publisher
     #: (it shares the engine's interpreter lock; DESIGN §4). None disables it.
-    publisher_stall_s: float | None = 0.25
+    publisher_stall_s: float | None = DEFAULT_PUBLISHER_STALL_S
     #: how often per-engine load is sampled for the load-over-time plot.
     sample_period_s: float = 1.0
     #: divide trace timestamps and think times by this (2.0 = twice the rate).
@@ -215,6 +221,7 @@ class Simulation:
         self._done = 0
         self._next_turn: dict[int, int] = {}  # trace index -> the session's next index
         self._first_turns: list[int] = []
+        self._started = False
         self._index_sessions()
 
     def _index_sessions(self) -> None:
@@ -243,20 +250,23 @@ class Simulation:
 
     def run(self, *, until: float | None = None) -> RunResult:
         """Replay the trace; with `until`, stop at that virtual time (the Router and the
-        engines stay as they were then, for inspection) instead of at the last request."""
+        engines stay as they were then, for inspection; call again to go on) instead
+        of at the last request."""
         cfg = self.config
         wall0 = time.perf_counter()
-        speed = cfg.speedup
-        for i in self._first_turns:
-            self._push(self.trace.requests[i].timestamp_s / speed, _ARRIVE, i)
-        if cfg.engine_state:
-            period = cfg.engine.publish_period_s
-            for e in range(len(self.engines)):
-                self._push(self.rng.uniform(0.0, period), _PUBLISH, e)
-            self._push(1.0 / cfg.feed_hz, _POLL, None)
-        else:
-            self._push(cfg.reconcile_period_s, _RECONCILE, None)
-        self._push(0.0, _SAMPLE, None)
+        if not self._started:
+            self._started = True
+            speed = cfg.speedup
+            for i in self._first_turns:
+                self._push(self.trace.requests[i].timestamp_s / speed, _ARRIVE, i)
+            if cfg.engine_state:
+                period = cfg.engine.publish_period_s
+                for e in range(len(self.engines)):
+                    self._push(self.rng.uniform(0.0, period), _PUBLISH, e)
+                self._push(1.0 / cfg.feed_hz, _POLL, None)
+            else:
+                self._push(cfg.reconcile_period_s, _RECONCILE, None)
+            self._push(0.0, _SAMPLE, None)
         total = len(self.trace.requests)
         heap = self._heap
         engines = self.engines

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentic_router.sim._sim import DEFAULT_PUBLISHER_STALL_S
 from agentic_router.sim.cli_replay import DEFAULT_POLICIES, run_matrix_cli
 
 DEMO_TOPOLOGY = "4"
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         no_logs=False,
         kv_capacity_tokens=None,
         max_batched_tokens=None,
-        publisher_stall_s=0.25,
+        publisher_stall_s=DEFAULT_PUBLISHER_STALL_S,
         decode_policy=None,
         json=False,
         quiet=args.quiet,

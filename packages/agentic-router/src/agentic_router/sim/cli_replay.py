@@ -83,9 +83,9 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8"
     parser.add_argument(
         "--publisher-stall-s",
         type=float,
-        default=0.25,
+        default=1.0,
         help="a step with at least this much prefill time blocks the engine's state "
-        "publisher until it ends (default 0.25; negative disables)",
+        "publisher until it ends (default 1.0; negative disables)",
     )
     parser.add_argument(
         "--decode-policy",
