@@ -272,6 +272,7 @@ class Simulation:
         engines = self.engines
         pop = heapq.heappop
         progress_every = max(1, total // 200)
+        reported = self._done
         stop = float("inf") if until is None else until
         while heap and self._done < total:
             if heap[0][0] > stop:
@@ -284,7 +285,8 @@ class Simulation:
                 if obj[1] != engine.step_gen:
                     continue  # a decode run that was cut short: its new end is queued
                 self._on_step_end(engine)
-                if self.progress is not None and self._done % progress_every == 0:
+                if self.progress is not None and self._done - reported >= progress_every:
+                    reported = self._done
                     self.progress(self._done, total)
             elif kind == _ARRIVE:
                 self._on_arrival(obj)

@@ -108,6 +108,7 @@ class Progress:
         self.run_index = 0
         self.label = ""
         self.t0 = time.perf_counter()
+        self._last_draw = 0.0
 
     def start(self, label: str) -> None:
         self.run_index += 1
@@ -117,6 +118,10 @@ class Progress:
     def update(self, done: int, total: int) -> None:
         if not (self.enabled and self.tty):
             return
+        now = time.perf_counter()
+        if now - self._last_draw < 0.1 and done < total:
+            return
+        self._last_draw = now
         width = 30
         frac = done / total if total else 1.0
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
