@@ -90,7 +90,7 @@ def test_a_big_prefill_silences_its_publisher_and_the_router_reads_stalled() -> 
     stalled_seen = 0
     t = 0.5
     while t < 30.0:
-        sim.run(until=t)
+        sim.run_until(t)
         big = sim.sim_requests[0]
         assert big is not None
         if big.first_token_time >= 0:
@@ -112,7 +112,7 @@ def test_a_big_prefill_silences_its_publisher_and_the_router_reads_stalled() -> 
     assert all(r.worker != big_worker for r in small)
     # with the publisher stall modelled off, the feed never goes stale
     quiet = Simulation(big_prefill_trace(), replace(cfg, publisher_stall_s=None))
-    quiet.run(until=20.0)
+    quiet.run_until(20.0)
     assert quiet.feed_drops["stale"] == 0
 
 

@@ -248,10 +248,17 @@ class Simulation:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self, *, until: float | None = None) -> RunResult:
-        """Replay the trace; with `until`, stop at that virtual time (the Router and the
-        engines stay as they were then, for inspection; call again to go on) instead
-        of at the last request."""
+    def run(self) -> RunResult:
+        """Replay the (rest of the) trace to its last request."""
+        return self._run(None)
+
+    def run_until(self, until: float) -> None:
+        """Replay up to virtual time `until` and stop there: the Router and the
+        engines stay as they were then, for inspection. Call again to go on, or
+        `run()` to finish."""
+        self._run(until)
+
+    def _run(self, until: float | None) -> RunResult:
         cfg = self.config
         wall0 = time.perf_counter()
         if not self._started:
