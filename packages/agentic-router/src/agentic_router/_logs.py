@@ -3,8 +3,9 @@
 Three files in a directory, one JSON object per line:
 
 - `routing-decisions.jsonl`: `{ts, request_id, session_id, policy, reason, worker,
-  decode_worker, candidates, ...}`, the decision's own `to_log()` fields plus
-  who asked;
+  decode_worker, candidates, stage, ...}`, the decision's own `to_log()` fields
+  plus who asked; `stage` is `aggregated`, `prefill`, or `decode` (the decode
+  pool's own decision in P/D; `analyze` leaves those out of per-worker counts);
 - `session-binding.jsonl`: `{ts, session_id, turn, worker, decode_worker, mode}`,
   one line per request that carries a session id (`turn` counts from 1 per
   session as this writer saw it; `mode` is `aggregated` or `pd`);
