@@ -268,3 +268,18 @@ def test_without_matplotlib_plots_are_skipped_with_a_hint(
     assert code == 0
     assert "pip install 'agentic-router[plots]'" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_mechanism_b_moves_the_decode_and_the_kv(agentic: Trace) -> None:
+    pytest.importorskip("agentic_router.pd", reason="unified_v3 is not installed")
+    cfg = SimConfig(policy="unified_v3", engine_state=True, topology=Topology.parse("4"))
+    run = run_one(agentic, cfg)
+    summary = summarise_run(run)
+    moved = [r for r in run.requests if r.decode_worker is not None]
+    assert moved  # the home worker got busy enough to move some decodes
+    assert summary["completed"] == len(agentic.requests)
+    assert summary["router_anomalies"] == {}
+    for r in moved:  # prefill on home, decode elsewhere, after the KV transfer
+        assert r.decode_worker != r.worker
+        assert r.finish_time > r.first_token_time > r.arrival
+    assert summary["admissions"].get("pd/admitted/ok", 0) == len(moved)

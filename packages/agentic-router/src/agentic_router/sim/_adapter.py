@@ -161,8 +161,9 @@ class RouterDriver:
         if self.pd:
             assert self.decode is not None
             self.decode.mark_prefill_completed(req.request_id + ":d")
-        else:
+        elif req.decode_worker is None:
             self.prefill.mark_prefill_completed(req.request_id)
+        # Mechanism B: marked when the prefill finished on the home worker
 
     def prefill_done(self, req: SimRequest) -> None:
         """The prefill engine's part is over (its one token): its reservation ends."""
