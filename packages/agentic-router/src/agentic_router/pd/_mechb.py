@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Final
 
-from agentic_router.builtin import is_big_prefill, is_kv_wall
+from agentic_router.builtin import GatedSessionAffinity, is_big_prefill, is_kv_wall
 from agentic_router.pd._knobs import MigrationSettings
 
 if TYPE_CHECKING:
@@ -115,9 +115,7 @@ class UnifiedV3Selector:
             return
         if event.kind == "add":
             plan = self._planned.get(rid)
-            if plan is not None and (
-                plan[0] != event.worker or "decode_worker" in event.payload
-            ):
+            if plan is not None and (plan[0] != event.worker or "decode_worker" in event.payload):
                 # placed elsewhere (no move), or added with decode_worker: the core
                 # itself moves the load at first token, nothing to correct
                 self._planned.pop(rid, None)
@@ -150,3 +148,45 @@ class UnifiedV3Selector:
             "moved_kv_tokens": self.reprefill_tokens,
             "decodes_moved_now": len(self._active),
         }
+
+
+class PrefillGatedAffinity(GatedSessionAffinity):
+    """unified's gated affinity, with the overload gate on prefill-phase requests only.
+
+    Under Mechanism B a home busy with decodes sheds them (the decode moves), so
+    decodes must not push the prefill (and the session's cache) away as well."""
+
+    name = "session_affinity_prefill_gated"
+    description = (
+        "-1 for the session's home unless its prefill-phase requests (effective requests - "
+        "effective decodes) exceed overload_factor x max(mean, 1), its cache hit is below "
+        "min_cache_hit, or it is mid-big-prefill/stalled"
+    )
+
+    def score(self, ctx: ScoringContext) -> list[float]:
+        zeros = [0.0] * len(ctx.candidates)
+        home = ctx.home
+        if home is None:
+            ctx.notes["reason"] = "new-session"
+            return zeros
+        i = ctx.index_of(home)
+        if i is None:
+            ctx.notes["reason"] = "home-unavailable"
+            return zeros
+        loads = [max(0, s.eff_num_requests - s.eff_num_decoding) for s in ctx.states]
+        mean = sum(loads) / len(loads)
+        req = ctx.request
+        if loads[i] > self.overload_factor * max(mean, 1.0):
+            ctx.notes["reason"] = "home-overloaded"
+            zeros[i] = 1.0
+            return zeros
+        if is_big_prefill(ctx.states[i], self.big_prefill):
+            ctx.notes["reason"] = "home-big-prefill"
+            return zeros
+        if req.block_hashes and req.prompt_tokens > 0:
+            if ctx.cached_tokens[i] / req.prompt_tokens < self.min_cache_hit:
+                ctx.notes["reason"] = "home-low-cache"
+                return zeros
+        ctx.notes["reason"] = "home"
+        zeros[i] = -1.0
+        return zeros

@@ -15,7 +15,7 @@ from agentic_router.builtin import AFFINITY_WEIGHT
 from agentic_router.hookspecs import hookimpl
 from agentic_router.pd._knobs import settings_from
 from agentic_router.pd._kvaware import KvAwareScorer
-from agentic_router.pd._mechb import UnifiedV3Selector
+from agentic_router.pd._mechb import PrefillGatedAffinity, UnifiedV3Selector
 from agentic_router.policy import PolicySpec, Scorer
 
 if TYPE_CHECKING:
@@ -28,7 +28,12 @@ UNIFIED_V3 = "unified_v3"
 
 @hookimpl
 def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
-    return [KvAwareScorer(settings_from(config.extra), config)]
+    return [
+        KvAwareScorer(settings_from(config.extra), config),
+        PrefillGatedAffinity(
+            config.overload_factor, config.min_cache_hit, config.big_prefill_threshold
+        ),
+    ]
 
 
 def _v3_selector(config: RouterConfig) -> DecodeSelector:
@@ -49,10 +54,11 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
         ),
         PolicySpec(
             UNIFIED_V3,
-            "unified for prefill (the session's home keeps its cache); the decode moves to a "
+            "unified for prefill (the session's home keeps its cache; its overload gate counts "
+            "prefill-phase requests only); the decode moves to a "
             "worker with clearly fewer decodes when home is busy (Mechanism B), with a "
             "recent-migration penalty; KV flows home -> target",
-            (("session_affinity_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            (("session_affinity_prefill_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
             tie_break=("uncached_tokens", "eff_num_requests"),
             decode_selector=_v3_selector,
         ),

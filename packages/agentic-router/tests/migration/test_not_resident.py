@@ -1,0 +1,138 @@
+"""`session-not-resident` (the normal state right after a move) never counts toward migration."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentic_router import Router, RouterConfig, RoutingRequest
+from agentic_router.pd import DIRECT, KvAwareScorer, thrash_metrics
+
+BS = 64
+
+
+class Turns:
+    """One session on a real kv_aware Router over three D, in virtual time."""
+
+    def __init__(self, rule: str = "windowed", **knobs: object) -> None:
+        self.now = 0.0
+        self.router = Router(
+            ["d0", "d1", "d2"],
+            "kv_aware",
+            config=RouterConfig(extra={"migration_rule": rule, **knobs}),
+            clock=lambda: self.now,
+        )
+        self.turn = 0
+        self.blocks: list[int] = list(range(1, 129))
+
+    def request(self) -> RoutingRequest:
+        self.blocks.extend(range(10_000 + self.turn * 16, 10_000 + self.turn * 16 + 12))
+        return RoutingRequest(f"t{self.turn}", "s", len(self.blocks) * BS, tuple(self.blocks), BS)
+
+    def play(self, answer: str | None) -> tuple[int, int]:
+        """One turn; `answer` is D's reply to a direct attempt (None: admit).
+        Returns (D of the first decision, D that served the turn)."""
+        self.now += 2.0
+        rr = self.request()
+        self.turn += 1
+        r = self.router
+        dec = r.decide(rr)
+        first = dec.worker
+        r.add_request(rr, dec.worker)
+        if dec.notes["pd_mode"] == DIRECT and answer is not None:
+            r.notify(
+                "admission",
+                worker=dec.worker,
+                request_id=rr.request_id,
+                session_id="s",
+                admitted=False,
+                reason=answer,
+                mode=DIRECT,
+            )
+            r.free(rr.request_id)
+            dec = r.decide(rr)
+            assert dec.notes["pd_mode"] == "via-prefill"
+            r.add_request(rr, dec.worker)
+        mode = dec.notes["pd_mode"]
+        r.notify(
+            "admission",
+            worker=dec.worker,
+            request_id=rr.request_id,
+            session_id="s",
+            admitted=True,
+            reason="ok",
+            mode=mode,
+        )
+        r.free(rr.request_id)
+        return first, dec.worker
+
+    def scorer(self) -> KvAwareScorer:
+        sc = self.router.components.scorers["kv_aware"]
+        assert isinstance(sc, KvAwareScorer)
+        return sc
+
+
+def test_not_resident_never_moves_a_session() -> None:
+    t = Turns()
+    _, home = t.play(None)
+    t.play(None)
+    for _ in range(12):  # far more than the threshold, all inside the window
+        first, served = t.play("session-not-resident")
+        assert first == home and served == home
+    m = thrash_metrics(t.router)
+    assert m is not None
+    assert m["counted_rejections"] == 0
+    assert m["ignored_rejections"] == 12
+    assert m["d_switches_total"] == 0
+
+
+def test_not_resident_after_a_move_does_not_count() -> None:
+    t = Turns()
+    t.play(None)
+    _, home = t.play(None)
+    t.router.set_worker_health(home, False)  # the home D goes away: a forced move
+    _, new_home = t.play(None)
+    assert new_home != home
+    t.router.set_worker_health(home, True)
+    for _ in range(6):  # the new D does not know the session yet, again and again
+        first, served = t.play("session-not-resident")
+        assert first == new_home and served == new_home
+    view = t.scorer().session_view("s")
+    assert view is not None
+    assert view["counts"] == {}
+    assert view["switches"] == 1
+
+
+def test_capacity_rejections_do_count() -> None:
+    t = Turns()
+    t.play(None)
+    _, home = t.play(None)
+    served = [t.play("backpressure")[1] for _ in range(3)]
+    assert served[:2] == [home, home]
+    assert served[2] != home  # the third in the window: sustained, migrate
+
+
+def test_old_rule_counts_not_resident() -> None:
+    t = Turns("blacklist")
+    t.play(None)
+    _, home = t.play(None)
+    served = [t.play("session-not-resident")[1] for _ in range(3)]
+    assert served[2] != home
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([None, "session-not-resident", "real-large-append"]),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_non_capacity_reasons_never_migrate(answers: list[str | None]) -> None:
+    t = Turns()
+    _, home = t.play(None)
+    t.play(None)
+    for a in answers:
+        assert t.play(a)[1] == home
+    m = thrash_metrics(t.router)
+    assert m is not None and m["d_switches_total"] == 0
