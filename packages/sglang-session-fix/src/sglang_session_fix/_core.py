@@ -100,6 +100,14 @@ class BatchScreener:
         scheduler.waiting_queue[0:0] = [d.req for d in removed]
         batch.reqs = keep
         self._refresh_batch_flags(batch, keep)
+        if removed:
+            # Admission may have declared the running batch full counting requests
+            # that now take no slot. Upstream clears the flag only when running
+            # requests finish: left set with nothing running, no prefill would
+            # ever be tried again. The next admission round sets it afresh.
+            running = getattr(scheduler, "running_batch", None)
+            if getattr(running, "batch_is_full", False):
+                running.batch_is_full = False  # type: ignore[union-attr]
 
         for decision in removed:
             try:

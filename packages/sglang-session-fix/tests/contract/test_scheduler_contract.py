@@ -78,6 +78,32 @@ def test_only_degenerate_requests_means_no_prefill_batch(model_dir: Path) -> Non
 
 
 @pytest.mark.usefixtures("applied")
+def test_deferred_rounds_do_not_leave_the_scheduler_thinking_it_is_full(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sglang.srt.managers import schedule_batch
+
+    monkeypatch.setattr(schedule_batch, "get_tensor_model_parallel_rank", lambda: 0)
+    # Room for 2 requests per batch: admitting the 2nd bad one marks the running
+    # batch full, then both are deferred and nothing runs. Upstream clears the
+    # flag only when running requests finish, so without the fix clearing it no
+    # prefill would be tried again and the queue would starve.
+    engine = Engine(model_dir, n_reqs=2)
+    s = engine.scheduler
+    bad = [engine.overlong_req(f"bad{n}", n, n + 30) for n in (6, 7, 8)]
+    s.waiting_queue += bad
+    finished: list[str] = []
+    for _ in range(12):
+        batch = s.get_new_batch_prefill()
+        if batch is not None:
+            finished += [r.rid for r in batch.reqs]
+            engine.finish(batch)
+        if not s.waiting_queue:
+            break
+    assert sorted(finished) == ["bad6", "bad7", "bad8"]
+
+
+@pytest.mark.usefixtures("applied")
 def test_without_a_session_to_release_the_request_is_aborted_not_looped(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, log: pytest.LogCaptureFixture
 ) -> None:

@@ -83,8 +83,14 @@ class FakeBatch:
 
 
 @dataclass
+class FakeRunningBatch:
+    batch_is_full: bool = False
+
+
+@dataclass
 class FakeScheduler:
     waiting_queue: list[Any] = field(default_factory=list)
     chunked_req: Any = None
+    running_batch: FakeRunningBatch = field(default_factory=FakeRunningBatch)
     tp_rank: int = 0
     dp_rank: int | None = None

@@ -66,10 +66,14 @@ def test_bad_requests_go_to_the_head_of_the_queue_in_batch_order() -> None:
 
 def test_all_bad_reports_that_no_request_is_left() -> None:
     batch, sched = FakeBatch([FakeReq("bad", 3, prefix=3)], FakeCache()), FakeScheduler()
+    # Admission counted the request against the batch-size limit.
+    sched.running_batch.batch_is_full = True
     s = screener()
     assert s.screen(batch, sched) is True
     assert batch.reqs == []
     assert s.counters.snapshot()["all_deferred_batches"] == 1
+    # Otherwise, with nothing running, upstream would never try a prefill again.
+    assert sched.running_batch.batch_is_full is False
 
 
 def test_without_a_scheduler_nothing_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
