@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("agentic_router.sim.cli_bench", "drive a trace against a live router over HTTP"),
     "analyze": ("agentic_router.sim.cli_analyze", "read the router's structured JSONL logs"),
+    "migration": ("agentic_router.pd.cli_migration", "P/D migration rules and Mechanism B tables"),
     "plugins": ("agentic_router.cli_plugins", "list installed plugins, scorers, filters, policies"),
 }
 

@@ -21,15 +21,18 @@ def test_defaults_are_documented_and_match() -> None:
     for k in KNOBS:
         assert k.env == "AGENTIC_" + k.name.upper()
         assert k.flag == "--" + k.name.replace("_", "-")
-        assert k.help and k.why
+        assert k.help
+        assert k.why
 
 
 def test_environment_twin_and_precedence() -> None:
     env = {"AGENTIC_MIGRATION_RULE": "blacklist", "AGENTIC_LOAD_FLOOR_K": "0"}
     s = settings({}, env=env)
-    assert s.migration_rule == "blacklist" and s.load_floor_k == 0.0
+    assert s.migration_rule == "blacklist"
+    assert s.load_floor_k == 0.0
     s = settings({"migration_rule": "reset"}, env=env)  # router options beat the environment
-    assert s.migration_rule == "reset" and s.load_floor_k == 0.0
+    assert s.migration_rule == "reset"
+    assert s.load_floor_k == 0.0
 
 
 @pytest.mark.parametrize(
@@ -66,9 +69,30 @@ def test_cli_flags() -> None:
 
 def test_rule_presets() -> None:
     old = MigrationSettings(migration_rule="blacklist")
-    assert old.blacklists and not old.resets_on_success and not old.counts_only_capacity
+    assert old.blacklists
+    assert not old.resets_on_success
+    assert not old.counts_only_capacity
     reset = MigrationSettings(migration_rule="reset")
-    assert reset.blacklists and reset.resets_on_success and not reset.uses_window
+    assert reset.blacklists
+    assert reset.resets_on_success
+    assert not reset.uses_window
     new = MigrationSettings()
-    assert new.counts_only_capacity and new.resets_on_success and new.uses_window
+    assert new.counts_only_capacity
+    assert new.resets_on_success
+    assert new.uses_window
     assert not new.blacklists
+
+
+def test_help_renders_and_serve_forwards_flags_to_router_options() -> None:
+    from agentic_router.server._config import add_arguments as serve_arguments
+    from agentic_router.server._config import load_config
+
+    parser = argparse.ArgumentParser()
+    serve_arguments(parser)
+    assert "AGENTIC_MIGRATION_RULE" in parser.format_help()
+    args = parser.parse_args(
+        ["--engine", "http://127.0.0.1:9", "--migration-rule", "blacklist", "--sticky-turns", "4"]
+    )
+    cfg = load_config(args, env={})
+    assert "migration_rule=blacklist" in cfg.router_options
+    assert "sticky_turns=4" in cfg.router_options

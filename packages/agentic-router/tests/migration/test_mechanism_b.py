@@ -105,4 +105,5 @@ def test_moved_decodes_count_on_their_target() -> None:
     r.free(rr.request_id)
     assert sel._decodes(ctx, ctx.index_of(target) or 0) == 0.0
     m = thrash_metrics(r)
-    assert m is not None and m["decode_migrations"] == 1
+    assert m is not None
+    assert m["decode_migrations"] == 1

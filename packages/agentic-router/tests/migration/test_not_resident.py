@@ -78,7 +78,8 @@ def test_not_resident_never_moves_a_session() -> None:
     t.play(None)
     for _ in range(12):  # far more than the threshold, all inside the window
         first, served = t.play("session-not-resident")
-        assert first == home and served == home
+        assert first == home
+        assert served == home
     m = thrash_metrics(t.router)
     assert m is not None
     assert m["counted_rejections"] == 0
@@ -96,7 +97,8 @@ def test_not_resident_after_a_move_does_not_count() -> None:
     t.router.set_worker_health(home, True)
     for _ in range(6):  # the new D does not know the session yet, again and again
         first, served = t.play("session-not-resident")
-        assert first == new_home and served == new_home
+        assert first == new_home
+        assert served == new_home
     view = t.scorer().session_view("s")
     assert view is not None
     assert view["counts"] == {}
@@ -135,4 +137,5 @@ def test_non_capacity_reasons_never_migrate(answers: list[str | None]) -> None:
     for a in answers:
         assert t.play(a)[1] == home
     m = thrash_metrics(t.router)
-    assert m is not None and m["d_switches_total"] == 0
+    assert m is not None
+    assert m["d_switches_total"] == 0

@@ -272,7 +272,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             choices=knob.choices,
             metavar=None if knob.choices else knob.name.upper(),
-            help=f"{knob.help} (env {knob.env}; default {knob.default}: {knob.why})",
+            help=f"{knob.help} (env {knob.env}; default {knob.default}: {knob.why})".replace(
+                "%", "%%"
+            ),
         )
 
 

@@ -183,10 +183,13 @@ class PrefillGatedAffinity(GatedSessionAffinity):
         if is_big_prefill(ctx.states[i], self.big_prefill):
             ctx.notes["reason"] = "home-big-prefill"
             return zeros
-        if req.block_hashes and req.prompt_tokens > 0:
-            if ctx.cached_tokens[i] / req.prompt_tokens < self.min_cache_hit:
-                ctx.notes["reason"] = "home-low-cache"
-                return zeros
+        if (
+            req.block_hashes
+            and req.prompt_tokens > 0
+            and ctx.cached_tokens[i] / req.prompt_tokens < self.min_cache_hit
+        ):
+            ctx.notes["reason"] = "home-low-cache"
+            return zeros
         ctx.notes["reason"] = "home"
         zeros[i] = -1.0
         return zeros
