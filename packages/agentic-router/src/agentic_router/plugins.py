@@ -154,9 +154,14 @@ def describe(pm: pluggy.PluginManager, config: RouterConfig) -> dict[str, Any]:
         "plugins": [
             {
                 "name": name,
-                "distribution": dists.get(name or "", "built-in" if name == BUILTIN_NAME else ""),
+                "distribution": dists.get(
+                    name or "",
+                    "built-in"
+                    if getattr(plugin, "__name__", "").startswith("agentic_router.")
+                    else "",
+                ),
             }
-            for name, _ in pm.list_name_plugin()
+            for name, plugin in pm.list_name_plugin()
         ],
         "failed": dict(getattr(pm, "agentic_failed", {})),
         "not_allowed": list(getattr(pm, "agentic_skipped", [])),
