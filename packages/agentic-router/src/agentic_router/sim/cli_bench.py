@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
         return 0
-    sys.stdout.write("\n" + format_table([summary]) + "\n\n" + TABLE_NOTES + "\n\n")
+    sys.stdout.write("\n" + format_table([summary]) + "\n\n" + textwrap.fill(TABLE_NOTES, 100))
+    sys.stdout.write("\n\n")
     sys.stdout.write(f"results: {out_dir / 'results.json'}\n")
     if plots:
         sys.stdout.write("plots:   " + "\n         ".join(str(p) for p in plots) + "\n")
