@@ -61,8 +61,12 @@ API (stable; the proxy and the simulator code against this)
                                  r_kv_used_frac, r_num_prefilling}, filtered_by)
         to_log() -> dict   the JSON line for routing-decisions.jsonl
 
+    router.context(req) -> ScoringContext     what decide would score (scorer tests, what-if)
+    router.anomalies / router.plugin_errors / router.feed_counts   Counters (also in snapshot)
+
     StateFeed(router, reader_or_uri, period_s=...) in agentic_router.feed:
-        async start() / stop(); staleness per worker via router.instance_state(w).age_s.
+        start() (on the running loop) / await stop(); await poll_once() for tests;
+        staleness per worker via router.instance_state(w).age_s / .fresh.
     MetricsReconciler(router, urls) in agentic_router.metrics: start() / async stop().
 
 Policies: round_robin, random, load_only, lmetric, sticky, unified (DESIGN §5);
