@@ -8,9 +8,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentic_router._cli import main
-from agentic_router.sim import SimConfig, Simulation, Topology, Trace, TraceRequest, run_one
+from agentic_router.sim import (
+    AgenticParams,
+    EngineConfig,
+    SimConfig,
+    Simulation,
+    Topology,
+    Trace,
+    TraceRequest,
+    generate_agentic,
+    run_one,
+)
 from agentic_router.sim._report import records_from_run, summarise_run
 from agentic_router.sim._trace import bundled_trace, read_mooncake
 from agentic_router.sim.cli_analyze import analyze_dir
@@ -283,3 +295,52 @@ def test_mechanism_b_moves_the_decode_and_the_kv(agentic: Trace) -> None:
         assert r.decode_worker != r.worker
         assert r.finish_time > r.first_token_time > r.arrival
     assert summary["admissions"].get("pd/admitted/ok", 0) == len(moved)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(["random", "round_robin", "load_only", "lmetric", "sticky", "unified"]),
+    topology=st.sampled_from(["1", "3", "1P1D", "2P1D"]),
+    feed=st.booleans(),
+    kv_blocks=st.integers(130, 400),
+)
+def test_any_replay_completes_and_returns_every_reservation(
+    seed: int, policy: str, topology: str, feed: bool, kv_blocks: int
+) -> None:
+    params = AgenticParams(
+        sessions=5,
+        session_rate=2.0,
+        steps_median=4.0,
+        steps_sigma=0.5,
+        steps_max=8,
+        append_median=2000.0,
+        output_max=600,
+        max_context_tokens=60_000,
+    )
+    trace = generate_agentic(params, seed=seed)
+    engine = EngineConfig().with_kv_capacity(kv_blocks * 512)
+    cfg = SimConfig(
+        policy=policy,
+        engine_state=feed,
+        topology=Topology.parse(topology),
+        engine=engine,
+        seed=seed,
+    )
+    sim = Simulation(trace, cfg)
+    run = sim.run()
+    assert len(run.requests) == len(trace.requests)
+    for r in run.requests:
+        if r.error is None:
+            assert r.generated == r.output_tokens
+            assert r.arrival <= r.first_token_time <= r.finish_time
+        else:
+            assert r.error == "too-large"
+    # every shadow reservation was released; every engine's KV returned
+    assert len(sim.driver.prefill.state.index) == 0
+    if sim.driver.decode is not None:
+        assert len(sim.driver.decode.state.index) == 0
+    assert summarise_run(run)["router_anomalies"] == {}
+    for e in sim.engines:
+        assert e.used_blocks == 0
+        assert not e.has_work()
