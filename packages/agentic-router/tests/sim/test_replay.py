@@ -138,6 +138,8 @@ def test_pd_topology_prefills_on_p_and_decodes_on_d(agentic: Trace) -> None:
         assert r.worker == "engine_0"
         assert r.decode_worker in {"engine_1", "engine_2", "engine_3"}
     assert sum(run.engine_prefill_tokens[1:]) == 0  # D engines never prefill
+    assert sum(summary["per_decode_worker_requests"].values()) == 150
+    assert set(summary["per_decode_worker_requests"]) == {"engine_1", "engine_2", "engine_3"}
     # every reservation was made and ended exactly once, as the proxy's P/D path does
     assert summary["router_anomalies"] == {}
     assert summary["switches_per_session"]["mean"] is not None

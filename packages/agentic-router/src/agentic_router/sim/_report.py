@@ -158,7 +158,16 @@ def summarise(
 def summarise_run(run: RunResult) -> dict[str, Any]:
     cfg = run.config
     busy = [b / run.makespan_s if run.makespan_s > 0 else 0.0 for b in run.engine_busy_s]
-    mean_busy = sum(busy) / len(busy) if busy else 0.0
+    # balance within the pool that serves sessions: every engine, or the D engines in P/D
+    pool = busy[len(cfg.topology.prefill) :]
+    mean_busy = sum(pool) / len(pool) if pool else 0.0
+    per_decode: dict[str, int] = {}
+    if cfg.topology.disaggregated:
+        counts = Counter(r.decode_worker for r in run.requests if r.decode_worker is not None)
+        names = run.worker_names
+        per_decode = {
+            names[i]: counts.get(i, 0) for i in range(len(cfg.topology.prefill), len(names))
+        }
     admissions = {
         f"{mode}/{'admitted' if ok else 'rejected'}/{reason}": n
         for (mode, ok, reason), n in sorted(run.admissions.items())
@@ -166,7 +175,8 @@ def summarise_run(run: RunResult) -> dict[str, Any]:
     extra = {
         "admissions": admissions,
         "engine_busy_frac": [round(b, 4) for b in busy],
-        "busy_max_over_mean": max(busy) / mean_busy if mean_busy else None,
+        "busy_max_over_mean": max(pool) / mean_busy if mean_busy else None,
+        "per_decode_worker_requests": per_decode,
         "prefill_tokens_computed": sum(run.engine_prefill_tokens),
         "preemptions": sum(run.engine_preemptions),
         "evictions": sum(run.engine_evictions),
@@ -288,7 +298,8 @@ def format_table(summaries: Sequence[Mapping[str, Any]], *, markdown: bool = Fal
 
 TABLE_NOTES = (
     "TTFT/E2E in seconds from release; hit % = prompt tokens served from the engine's "
-    "prefix cache; max/mean = busiest engine's busy time over the mean (1.00 = even); "
+    "prefix cache; max/mean = busiest engine's busy time over the mean (1.00 = even; the D "
+    "engines in P/D); "
     "switch/sess = times a session's consecutive turns changed serving worker "
     "(D-switches in P/D); admitted = admitted/total."
 )
