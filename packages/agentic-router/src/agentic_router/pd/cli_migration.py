@@ -46,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="replay this trace (file or 'agentic' for the bundled one) instead of generating",
     )
+    parser.add_argument(
+        "--v3-trace",
+        default="agentic",
+        help="trace of the unified_v3 table (default: the bundled agentic trace)",
+    )
     parser.add_argument("--pd-topology", default="1P3D", help="P/D topology (1P3D)")
     parser.add_argument("--agg-topology", default="4", help="aggregated topology (4)")
     parser.add_argument("--load-floor", type=float, default=200.0, help="K of the 'floor' rows")
@@ -59,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--d-backpressure-prefill-tokens", type=int, default=None, help="AdmissionModel"
     )
+    parser.add_argument(
+        "--d-burst-period-s",
+        type=float,
+        default=0.0,
+        help="inject a transient burst on one D every this many seconds (0 = none)",
+    )
+    parser.add_argument("--d-burst-s", type=float, default=0.0, help="length of each burst")
     parser.add_argument("--out", type=Path, default=None, help="write results.json here")
     parser.add_argument("--json", action="store_true", help="print JSON, not tables")
     add_knobs(parser)
@@ -160,6 +172,9 @@ def run_pd_table(
         ("session_cap", args.d_session_cap),
         ("backpressure_queue", args.d_backpressure_queue),
         ("backpressure_prefill_tokens", args.d_backpressure_prefill_tokens),
+        ("burst_period_s", args.d_burst_period_s or None),
+        ("burst_s", args.d_burst_s or None),
+        ("burst_seed", args.seed),
     ):
         if value is not None:
             model = replace(model, **{field_name: value})
@@ -277,13 +292,19 @@ def run(args: argparse.Namespace) -> int:
 
     extra = extra_from_args(args)
     extra.pop("migration_rule", None)
-    trace = _trace(args)
-    out: dict[str, Any] = {"trace": trace.summary(), "knobs": extra}
-    print(f"trace: {json.dumps(trace.summary())}", file=sys.stderr)
+    from agentic_router.sim import load_trace
+
+    out: dict[str, Any] = {"knobs": extra}
     if args.part in ("pd", "both"):
+        trace = _trace(args)
+        out["pd_trace"] = trace.summary()
+        print(f"P/D trace: {json.dumps(trace.summary())}", file=sys.stderr)
         out["pd"] = run_pd_table(args, trace, extra)
     if args.part in ("v3", "both"):
-        out["v3"] = run_v3_table(args, trace, {k: v for k, v in extra.items()})
+        v3_trace = load_trace(args.v3_trace)
+        out["v3_trace"] = v3_trace.summary()
+        print(f"unified_v3 trace: {json.dumps(v3_trace.summary())}", file=sys.stderr)
+        out["v3"] = run_v3_table(args, v3_trace, dict(extra))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(out, indent=2, default=str) + "\n")

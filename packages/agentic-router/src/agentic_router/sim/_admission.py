@@ -35,6 +35,7 @@ What D checks, in this order (DESIGN §5's reasons):
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -67,8 +68,31 @@ class AdmissionModel:
     backpressure_prefill_tokens: int = 16384
     #: blocks of the previous prompt D may miss and still count the session resident.
     resident_slack_blocks: int = 1
+    #: injected transient bursts (0 = none): every `burst_period_s` one decode engine,
+    #: drawn with `burst_seed`, refuses every direct append with backpressure for
+    #: `burst_s` seconds (a co-located job, a long prefill, a GC pause: issue 8's
+    #: "transient burst").
+    burst_period_s: float = 0.0
+    burst_s: float = 0.0
+    burst_seed: int = 0
 
-    def check(self, engine: SimEngine, req: SimRequest, prev_prompt_tokens: int) -> str:
+    def in_burst(self, engine_index: int, decode_engines: int, now: float) -> bool:
+        if self.burst_period_s <= 0 or self.burst_s <= 0 or decode_engines <= 0:
+            return False
+        k = int(now // self.burst_period_s)
+        if now - k * self.burst_period_s >= self.burst_s:
+            return False
+        victim = random.Random(self.burst_seed * 1_000_003 + k).randrange(decode_engines)
+        return victim == engine_index
+
+    def check(
+        self,
+        engine: SimEngine,
+        req: SimRequest,
+        prev_prompt_tokens: int,
+        *,
+        burst: bool = False,
+    ) -> str:
         """D's answer to a direct append of `req` (an AdmissionReason value)."""
         bs = engine.block_size
         hit = engine._prefix_hit_blocks(req)
@@ -77,6 +101,8 @@ class AdmissionModel:
         uncached = req.prompt_tokens - hit * bs
         if uncached > self.max_append:
             return AdmissionReason.REAL_LARGE_APPEND.value
+        if burst:
+            return AdmissionReason.BACKPRESSURE.value
         running, queued, _free, pending, *_ = engine._counts()
         if running + queued >= self.session_cap:
             return AdmissionReason.SESSION_CAP.value
@@ -227,7 +253,9 @@ class PDSimulation(Simulation):
         if mode == DIRECT:
             self.pd_counts["direct_attempts"] += 1
             d_engine = self.engines[n_p + dec.worker]
-            reason = self.admission.check(d_engine, req, prev)
+            n_d = len(self.config.topology.decode)
+            burst = self.admission.in_burst(dec.worker, n_d, self.now)
+            reason = self.admission.check(d_engine, req, prev, burst=burst)
             ok = reason == AdmissionReason.OK.value
             drv.report(req, dec.worker, ok, reason, DIRECT)
             self.admissions[(DIRECT, ok, reason)] += 1
