@@ -206,7 +206,7 @@ def test_first_byte_timeout_gives_504_and_frees() -> None:
 def test_stream_idle_timeout_ends_the_stream_with_an_error() -> None:
     async def main() -> None:
         eng = FakeEngine("vllm", output_tokens=5)
-        eng.faults.token_interval_s = 5.0
+        eng.faults.token_interval_s = 1.0
         cfg = config(engines=[eng.url], stream_idle_timeout_s=0.3)
         async with eng, running_router(cfg) as r, aiohttp.ClientSession() as s:
             body = completion_body(stream=True)
