@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
+from e2e_helpers import ANY_AGE, SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
 from vllm_server import VLLMServer, proc_title
 
 from agentic_common import open_reader
@@ -40,11 +40,11 @@ def test_plugin_off_writes_nothing(reference: Any) -> None:
 
 def test_engine_core_publishes_from_the_start(served: tuple[VLLMServer, Path]) -> None:
     server, state_dir = served
-    reader = open_reader(state_dir.as_uri())
+    reader = open_reader(state_dir.as_uri(), ANY_AGE)
     # The scheduler exists before the API server answers /health.
-    wait_for(lambda: "engine_0" in reader.read_all(), timeout_s=5)
+    wait_for(lambda: "engine_0" in reader.read_all())
     first = reader.read_all()["engine_0"]
-    wait_for(lambda: reader.read_all()["engine_0"].seq > first.seq + 3, timeout_s=5)
+    wait_for(lambda: reader.read_all()["engine_0"].seq > first.seq + 3)
     # One publisher: the EngineCore. Not the API server, not the worker.
     assert sorted(p.name for p in state_dir.iterdir()) == ["engine_0.json"]
     assert first.pid in server.pids()
@@ -57,7 +57,7 @@ def test_engine_core_publishes_from_the_start(served: tuple[VLLMServer, Path]) -
 
 def test_long_prompt_prefill_rises_and_falls(served: tuple[VLLMServer, Path]) -> None:
     server, state_dir = served
-    check_long_prefill_is_seen(server, open_reader(state_dir.as_uri()))
+    check_long_prefill_is_seen(server, open_reader(state_dir.as_uri(), ANY_AGE))
 
 
 def test_answers_are_exactly_those_without_the_plugin(

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
+from e2e_helpers import ANY_AGE, SHUTDOWN_GRACE, answers, check_long_prefill_is_seen, wait_for
 from vllm_server import VLLMServer, proc_title
 
-from agentic_common import Freshness, open_reader
+from agentic_common import open_reader
 from agentic_common.testing import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -38,8 +37,8 @@ def served(
 
 def test_engine_core_publishes_to_redis(served: tuple[VLLMServer, str]) -> None:
     server, uri = served
-    reader = open_reader(uri)
-    wait_for(lambda: "engine_0" in reader.read_all(), timeout_s=5)
+    reader = open_reader(uri, ANY_AGE)
+    wait_for(lambda: "engine_0" in reader.read_all())
     state = reader.read_all()["engine_0"]
     assert list(reader.read_all()) == ["engine_0"]
     assert "EngineCore" in proc_title(state.pid)
@@ -48,7 +47,7 @@ def test_engine_core_publishes_to_redis(served: tuple[VLLMServer, str]) -> None:
 
 def test_long_prompt_prefill_rises_and_falls(served: tuple[VLLMServer, str]) -> None:
     server, uri = served
-    check_long_prefill_is_seen(server, open_reader(uri))
+    check_long_prefill_is_seen(server, open_reader(uri, ANY_AGE))
 
 
 def test_answers_are_exactly_those_without_the_plugin(
@@ -62,7 +61,7 @@ def test_answers_are_exactly_those_without_the_plugin(
 def test_clean_shutdown_withdraws_the_snapshot(served: tuple[VLLMServer, str]) -> None:
     server, uri = served
     # Any age: the key itself must go, not merely turn stale.
-    reader = open_reader(uri, Freshness(max_age_s=math.inf))
+    reader = open_reader(uri, ANY_AGE)
     assert "engine_0" in reader.read_all()
     server.stop()
     assert reader.read_all() == {}

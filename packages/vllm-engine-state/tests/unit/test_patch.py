@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from engine_state_fakes import FakeRequest, FakeScheduler, make_scheduler_classes
 
-from agentic_common import EngineState, StateWriter, open_reader, open_writer
+from agentic_common import EngineState, Freshness, StateWriter, open_reader, open_writer
 from vllm_engine_state import EngineStateInstrumentor, Settings, compute_snapshot
 from vllm_engine_state._patch import MARKER, check_version, parse_version
 from vllm_engine_state._publisher import LAST_STEP_ATTR
@@ -211,7 +212,8 @@ def test_withdraw_leaves_another_process_snapshot_alone(
     publisher._thread.join(5)
     open_writer(uri).publish(foreign)
     publisher._withdraw()
-    assert open_reader(uri).read_all()["engine_0"] == foreign
+    any_age = Freshness(max_age_s=math.inf)
+    assert open_reader(uri, any_age).read_all()["engine_0"] == foreign
     del sched
 
 
