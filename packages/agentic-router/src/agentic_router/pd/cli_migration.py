@@ -209,7 +209,13 @@ def run_v3_table(
     if topo.disaggregated:
         raise SystemExit(f"--agg-topology must be aggregated (N), got {args.agg_topology!r}")
     rows = []
-    for policy in ("unified", "unified_v3"):
+    # the ablation row keeps unified_v3's prefill gate but never moves a decode
+    variants: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("unified", "unified", {}),
+        ("unified_v3", "unified_v3", {}),
+        ("unified_v3 (no decode moves)", "unified_v3", {"v3_min_busy_decodes": 1_000_000}),
+    )
+    for label, policy, more in variants:
         for feed in (False, True):
             cfg = SimConfig(
                 policy=policy,
@@ -217,7 +223,7 @@ def run_v3_table(
                 topology=topo,
                 seed=args.seed,
                 speedup=args.speedup,
-                router_options={"extra": dict(extra)},
+                router_options={"extra": {**extra, **more}},
             )
             sim = Simulation(trace, cfg)
             run = sim.run()
@@ -225,7 +231,7 @@ def run_v3_table(
             m = thrash_metrics(sim.driver.prefill) or {}
             rows.append(
                 {
-                    "policy": policy,
+                    "policy": label,
                     "feed": "on" if feed else "off",
                     "ttft_p50_s": s["ttft_s"]["p50"],
                     "ttft_p90_s": s["ttft_s"]["p90"],
