@@ -62,10 +62,11 @@ _SSE_END: Final = b"\n\n"
 class Deadline:
     """`asyncio.timeout` with a cheap `push`: moving the deadline later is one
     attribute write (the timer re-arms itself when it fires early), so a stream
-    can renew its idle deadline on every chunk without touching the timer heap.
-    On expiry the task is cancelled and `TimeoutError` leaves the block."""
+    can renew its idle deadline on every chunk without touching the timer heap;
+    only a move to an earlier time reschedules the timer. On expiry the task is
+    cancelled and `TimeoutError` leaves the block."""
 
-    __slots__ = ("_cancelling", "_handle", "_loop", "_task", "_when", "delay", "expired")
+    __slots__ = ("_armed", "_cancelling", "_handle", "_loop", "_task", "_when", "delay", "expired")
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
@@ -77,16 +78,21 @@ class Deadline:
         assert task is not None
         self._task = task
         self._cancelling = task.cancelling()
-        self._when = self._loop.time() + self.delay
-        self._handle = self._loop.call_at(self._when, self._fire)
+        self._when = self._armed = self._loop.time() + self.delay
+        self._handle = self._loop.call_at(self._armed, self._fire)
         return self
 
     def push(self, delay: float) -> None:
-        """Expire `delay` seconds from now instead."""
-        self._when = self._loop.time() + delay
+        """Expire `delay` seconds from now instead (earlier or later)."""
+        self._when = when = self._loop.time() + delay
+        if when < self._armed:
+            self._handle.cancel()
+            self._armed = when
+            self._handle = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         if self._loop.time() < self._when:
+            self._armed = self._when
             self._handle = self._loop.call_at(self._when, self._fire)
             return
         self.expired = True
