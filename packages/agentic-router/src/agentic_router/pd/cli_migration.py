@@ -31,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from agentic_router.pd._knobs import add_arguments as add_knobs
 
     parser.add_argument(
-        "--part", choices=("pd", "v3", "both"), default="both", help="which table(s) to make"
+        "--part",
+        choices=("thrash", "pd", "v3", "both"),
+        default="both",
+        help="which table(s) to make: thrash = the one-session scenario (no simulator); "
+        "both = pd and v3",
     )
     parser.add_argument("--sessions", type=int, default=96, help="agentic sessions (96)")
     parser.add_argument(
@@ -301,6 +305,10 @@ def run(args: argparse.Namespace) -> int:
     from agentic_router.sim import load_trace
 
     out: dict[str, Any] = {"knobs": extra}
+    if args.part == "thrash":
+        out["thrash"] = thrash_rows(args.seed, extra)
+        if not args.json:
+            print(thrash_markdown(out["thrash"]))
     if args.part in ("pd", "both"):
         trace = _trace(args)
         out["pd_trace"] = trace.summary()
@@ -317,6 +325,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
+    if "thrash" in out:
+        return 0
     if "pd" in out:
         print(f"P/D {args.pd_topology}, feed {args.feed}, decode pool policy kv_aware:\n")
         print(pd_markdown(out["pd"]))
@@ -325,3 +335,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"Aggregated {args.agg_topology}: unified vs unified_v3 (Mechanism B):\n")
         print(v3_markdown(out["v3"]))
     return 0
+
+
+def thrash_rows(seed: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one-session thrash scenario (agentic_router.pd._scenario) under each rule."""
+    from agentic_router.pd._scenario import run_thrash
+
+    rows = []
+    for rule in RULES:
+        r = run_thrash(rule, seed=seed, extra=extra)
+        d = r.to_dict()
+        last_move = max(
+            (i for i in range(1, len(r.served)) if r.served[i] != r.served[i - 1]), default=0
+        )
+        d["stable_turns_at_end"] = len(r.served) - last_move
+        rows.append(d)
+    return rows
+
+
+def thrash_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| rule | turns | D-switches | D touched | direct-to-D % | rejections "
+        "| turns on the final D at the end |",
+        "|" + "---|" * 7,
+    ]
+    for r in rows:
+        rej = ", ".join(f"{k} {v}" for k, v in sorted(r["rejections"].items()))
+        lines.append(
+            f"| {RULE_LABEL[r['rule']]} | {r['turns']} | {r['d_switches']} | {r['ds_touched']} "
+            f"| {100 * r['direct_to_d_rate']:.1f} | {rej} | {r['stable_turns_at_end']} |"
+        )
+    return "\n".join(lines)
