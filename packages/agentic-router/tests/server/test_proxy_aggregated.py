@@ -87,6 +87,8 @@ def test_client_disconnect_mid_stream_frees_the_load_and_aborts_the_engine() -> 
             st = r.proxy.core.pools["both"].router.instance_state(0)
             assert st.shadow.num_requests == 0
             assert st.shadow.ongoing_decode_tokens == 0
+            text = await _metrics(r.url)
+            assert 'outcome="client_disconnect"} 1' in text
 
     run(main())
 

@@ -379,9 +379,14 @@ class Proxy:
                 client_request_id=request.headers.get("X-Request-Id"),
                 endpoint=endpoint,
             )
-            if self.config.pd_mode:
-                return await self._serve_pd(ctx)
-            return await self._serve_aggregated(ctx)
+            try:
+                if self.config.pd_mode:
+                    return await self._serve_pd(ctx)
+                return await self._serve_aggregated(ctx)
+            except (asyncio.CancelledError, ConnectionResetError):
+                # The client went away (every reservation was freed on the way out).
+                self.telemetry.requests.inc(endpoint, "client_disconnect")
+                raise
         finally:
             self.inflight -= 1
 
@@ -648,8 +653,6 @@ class Proxy:
                     # The client left (or the deadline fired): close the upstream
                     # connection so the engine aborts the request.
                     upstream.close()
-                    if not deadline.expired:
-                        self.telemetry.requests.inc(ctx.endpoint, "client_disconnect")
                     raise
         except TimeoutError:
             upstream.close()
