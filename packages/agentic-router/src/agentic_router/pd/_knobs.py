@@ -55,9 +55,9 @@ KNOBS: Final[tuple[Knob, ...]] = (
         "on success; blacklist = the old rule (blacklist a D for the session at "
         "migration_reject_threshold rejections of any reason, forever; fallback least-rejected "
         "D); sticky = never migrate (only an unusable D moves a session)",
-        "windowed: the old rule made sessions stable for 70 turns thrash after one transient "
-        "burst (59% touched every D, up to 116 D-switches); resetting on success raised "
-        "direct-to-D from 42.8% to 91.7%",
+        "windowed: in the project's 1P3D deployment the old rule made sessions stable for 70 "
+        "turns thrash after one transient burst (59% touched every D, up to 116 D-switches); "
+        "resetting on success raised direct-to-D there from 42.8% to 91.7%",
         RULES,
     ),
     Knob(
