@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,3 +141,29 @@ def test_non_capacity_reasons_never_migrate(answers: list[str | None]) -> None:
     m = thrash_metrics(t.router)
     assert m is not None
     assert m["d_switches_total"] == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [None, None, "backpressure", "no-space", "session-cap", "session-not-resident"]
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    st.floats(min_value=0.1, max_value=30.0),
+)
+def test_windowed_rule_cannot_cycle(answers: list[str | None], gap_s: float) -> None:
+    """Whatever D answers, and however fast turns come, a session makes at most
+    `migration_budget` moves, and never two within the cooldown."""
+    t = Turns()
+    served = [t.play(None)[1]]
+    times = [t.now]
+    for a in answers:
+        t.now += gap_s
+        served.append(t.play(a)[1])
+        times.append(t.now)
+    moves = [times[i] for i in range(1, len(served)) if served[i] != served[i - 1]]
+    assert len(moves) <= 2
+    assert all(b - a >= 120.0 for a, b in itertools.pairwise(moves))
