@@ -79,25 +79,66 @@ def test_mechanism_b_moves_the_decode_with_the_vllm_handshake(stream: bool) -> N
     run(main())
 
 
-def test_pd_prefill_selector_picks_the_decode_engine() -> None:
+class _DirectFirst:
+    """A decode policy that tries each turn direct-to-D first, then via P when asked
+    again (kv_aware's protocol), and records the admission feedback it gets."""
+
+    name = "direct_first_scorer"
+    description = "test: direct on the first ask of a turn, via prefill on the second"
+
+    def __init__(self) -> None:
+        self.asked: set[str] = set()
+        self.admissions: list[dict[str, Any]] = []
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        rid = ctx.request.request_id
+        ctx.notes["pd_mode"] = "via-prefill" if rid in self.asked else "direct"
+        self.asked.add(rid)
+        return [float(w) for w in ctx.candidates]  # lowest index wins
+
+    @hookimpl
+    def agentic_router_scorers(self, config: Any) -> Sequence[Any]:
+        return [self]
+
+    @hookimpl
+    def agentic_router_policies(self, config: Any) -> Sequence[PolicySpec]:
+        return [PolicySpec("direct_first", "test", (("direct_first_scorer", 1.0),))]
+
+    @hookimpl
+    def agentic_router_event(self, router: Any, event: Any) -> None:
+        if event.kind == "admission":
+            self.admissions.append(dict(event.payload))
+
+
+@pytest.mark.parametrize("refuse", [None, "session-not-resident", "no-space"])
+def test_pd_direct_to_decode_and_the_fallback_through_prefill(refuse: str | None) -> None:
     async def main() -> None:
-        plugin = _Plugin(target=1)  # decode-pool index 1
+        plugin = _DirectFirst()
         pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
-        # (the core checks a selector's answer against the prefill pool's size, so
-        # this topology has as many prefill as decode engines)
-        p0 = FakeEngine("vllm", role="prefill")
-        p1 = FakeEngine("vllm", role="prefill")
-        d0 = FakeEngine("vllm", role="decode")
-        d1 = FakeEngine("vllm", role="decode")
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        if refuse:
+            d.faults.fail_status = 503
+            d.faults.fail_count = 1
+            d.faults.fail_message = f"turn refused: {refuse}"
         cfg = config(
-            prefill=[p0.url, p1.url], decode=[d0.url, d1.url], policy="pin_prefill_0_move_decode"
+            prefill=[p.url], decode=[d.url], policy="round_robin", decode_policy="direct_first"
         )
-        async with p0, p1, d0, d1, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
-            for _ in range(3):
-                async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
-                    assert resp.status == 200
-            assert len(d1.requests) == 3
-            assert len(d0.requests) == 0
+        async with p, d, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
+            async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["choices"][0]["text"] == " t0 t1 t2 t3 t4"
+            if refuse is None:
+                assert len(p.requests) == 0  # straight to D, no prefill engine
+                assert "kv_transfer_params" not in d.requests[-1]["body"]
+                assert plugin.admissions == [{"admitted": True, "reason": "ok", "mode": "direct"}]
+            else:
+                assert len(p.requests) == 1  # the fallback went through P
+                assert d.requests[-1]["body"]["kv_transfer_params"]["do_remote_prefill"]
+                assert plugin.admissions == [
+                    {"admitted": False, "reason": refuse, "mode": "direct"},
+                    {"admitted": True, "reason": "ok", "mode": "via-prefill"},
+                ]
             assert r.active_requests() == 0
 
     run(main())

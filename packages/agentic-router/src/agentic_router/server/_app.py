@@ -409,7 +409,14 @@ class Proxy:
             reason=reason,
         )
 
-    def _note_decision(self, ctx: _Ctx, decision: Any, worker: int, decode: int | None) -> None:
+    def _note_decision(
+        self,
+        ctx: _Ctx,
+        decision: Any,
+        worker: int,
+        decode: int | None,
+        stage: str | None = None,
+    ) -> None:
         self.telemetry.decisions.inc(str(decision.policy), str(decision.reason))
         # A migration: decode moved off the prefill worker (aggregated Mechanism B),
         # or the session's serving worker changed (its decode worker in P/D).
@@ -426,7 +433,7 @@ class Proxy:
         if migrated:
             self.telemetry.migrations.inc()
         if self.logs is not None:
-            stage = "prefill" if self.config.pd_mode else "aggregated"
+            stage = stage or ("prefill" if self.config.pd_mode else "aggregated")
             self.logs.decision(ctx.request_id, ctx.session_id, decision.to_log(), stage=stage)
             if ctx.session_id is not None:
                 self.logs.session_binding(

@@ -96,6 +96,9 @@ class ServerConfig:
         8998, "SGLang prefill servers' disaggregation bootstrap port (SGLang's default)"
     )
     policy: str = setting("unified", "routing policy (a name registered through the plugin hooks)")
+    decode_policy: str | None = setting(
+        None, "P/D: the decode pool's policy (default: --policy), e.g. kv_aware"
+    )
     plugins: tuple[str, ...] = setting(
         (),
         "allow-list of plugin names to load from the `agentic_router` entry points (all if empty)",

@@ -48,10 +48,34 @@ class _SideFailure(Exception):
         super().__init__(failure.message)
         self.slot = slot
         self.failure = failure
+        self.reason = ""
+
+
+# Decision.notes["pd_mode"] values and the admission reasons a decode policy
+# (kv_aware) understands; an engine that refuses a turn for one of these
+# reasons says so in its error message.
+DIRECT = "direct"
+VIA_PREFILL = "via-prefill"
+_NAMED_REASONS = (
+    "no-space",
+    "session-cap",
+    "backpressure",
+    "session-not-resident",
+    "real-large-append",
+)
+# Refusals about the turn or the session's placement, not D's health: fall back
+# through P without counting D as failed.
+_REQUEST_REASONS = frozenset(
+    {"session-not-resident", "real-large-append", "no-space", "session-cap", "backpressure"}
+)
 
 
 async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
-    """Prefill/decode mode: a prefill engine then (or with) a decode engine."""
+    """Prefill/decode mode. The prefill pool's Router picks P, the decode pool's
+    Router picks D (`--decode-policy`); a decode policy may send the turn
+    straight to D (`Decision.notes["pd_mode"] == "direct"`, kv_aware's
+    direct-to-D append), and a refused direct turn is asked again and goes
+    through P (the fallback)."""
     core = proxy.core
     tried: set[int] = set()
     last: EngineFailure | None = None
@@ -59,23 +83,32 @@ async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
         proxy._sync_health()
         base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
-        dec_p = core.decide(req, exclude=tried, role=PREFILL)
-        if dec_p is None:
+        dec_d = core.decide(_with_id(req, base + ":d"), exclude=tried, role=DECODE)
+        if dec_d is None:
             break
-        d_slot = dec_p.decode_worker  # the policy's own decode choice, if it made one
-        dec_d = None
-        if d_slot is None or d_slot in tried:
-            dec_d = core.decide(req, exclude=tried, role=DECODE)
-            if dec_d is None:
-                break
-            d_slot = dec_d.worker
-        proxy._note_decision(ctx, dec_p, dec_p.worker, d_slot)
-        if dec_d is not None and proxy.logs is not None:
-            proxy.logs.decision(base, ctx.session_id, dec_d.to_log(), stage="decode")
         if attempt:
             proxy.telemetry.retries.inc()
+        if dec_d.notes.get("pd_mode") == DIRECT:
+            proxy._note_decision(ctx, dec_d, dec_d.worker, dec_d.worker, stage="decode")
+            try:
+                return await _direct(proxy, ctx, req, dec_d.worker)
+            except _SideFailure as exc:
+                last = exc.failure
+                if exc.reason in _REQUEST_REASONS or exc.failure.retriable:
+                    # The fallback: the same turn, asked again, goes through P.
+                    dec_d = core.decide(_with_id(req, base + ":d"), exclude=tried, role=DECODE)
+                    if dec_d is None:
+                        break
+                else:
+                    break
+        dec_p = core.decide(_with_id(req, base + ":p"), exclude=tried, role=PREFILL)
+        if dec_p is None:
+            break
+        proxy._note_decision(ctx, dec_p, dec_p.worker, dec_d.worker)
+        if proxy.logs is not None:
+            proxy.logs.decision(base, ctx.session_id, dec_d.to_log(), stage="decode")
         try:
-            return await handoff(proxy, ctx, req, dec_p.worker, d_slot)
+            return await handoff(proxy, ctx, req, dec_p.worker, dec_d.worker)
         except _SideFailure as exc:
             last = exc.failure
             if not last.retriable:
@@ -89,48 +122,49 @@ async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
     return _json_error(last.status, last.message)
 
 
-async def handoff(
-    proxy: Proxy, ctx: _Ctx, req: RoutingRequest, p_slot: int, d_slot: int
-) -> web.StreamResponse:
-    """One attempt of prefill on `p_slot` and decode on `d_slot` (P/D, or Mechanism B
-    between two aggregated engines), with its accounting. Raises _SideFailure
-    naming the engine that failed while nothing reached the client."""
+def _with_id(req: RoutingRequest, request_id: str) -> RoutingRequest:
+    return dataclasses.replace(req, request_id=request_id)
+
+
+def _refusal_reason(failure: EngineFailure) -> str:
+    """An engine's refusal as an admission reason: the typed reason when the
+    engine names one in its error, else from the status."""
+    text = failure.message
+    for reason in _NAMED_REASONS:
+        if reason in text:
+            return reason
+    return _admission_reason(failure.status)
+
+
+async def _direct(proxy: Proxy, ctx: _Ctx, req: RoutingRequest, d_slot: int) -> web.StreamResponse:
+    """Direct-to-D: the original request to the decode engine, which prefills the
+    append itself. Raises _SideFailure (with the admission reason) if D refuses
+    before anything reached the client."""
     core = proxy.core
-    p, d = proxy.endpoints[p_slot], proxy.endpoints[d_slot]
-    req_p = dataclasses.replace(req, request_id=req.request_id + ":p")
-    req_d = dataclasses.replace(req, request_id=req.request_id + ":d")
-    # Both reservations, with no await since the decisions. D first: when both
-    # are in one Router (Mechanism B) the session's home stays the prefill worker.
+    d = proxy.endpoints[d_slot]
+    req_d = _with_id(req, req.request_id + ":d")
     core.add_request(req_d, d.slot)
-    core.add_request(req_p, p.slot)
     try:
-        p.requests += 1
         d.requests += 1
-        p.breaker.dispatched()
         d.breaker.dispatched()
         headers = proxy._headers(ctx, ctx.client_request_id or req.request_id)
         try:
-            if proxy.config.pd_protocol == "vllm":
-                response = await _vllm(
-                    proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
-                )
-            else:
-                response = await _sglang(
-                    proxy, ctx, p, d, req_p.request_id, req_d.request_id, headers
-                )
-        except _SideFailure as exc:
-            reason = _admission_reason(exc.failure.status)
-            proxy._admission(ctx, exc.slot, None, False, reason)
-            if exc.slot == d.slot:
-                core.notify(
-                    "admission",
-                    d.slot,
-                    request_id=req_d.request_id,
-                    session_id=ctx.session_id,
-                    admitted=False,
-                    reason=reason,
-                )
-            raise
+            response = await proxy._forward(ctx, d, req_d.request_id, ctx.raw, headers)
+        except EngineFailure as exc:
+            reason = _refusal_reason(exc)
+            proxy._admission(ctx, d.slot, None, False, reason)
+            core.notify(
+                "admission",
+                d.slot,
+                request_id=req_d.request_id,
+                session_id=ctx.session_id,
+                admitted=False,
+                reason=reason,
+                mode=DIRECT,
+            )
+            failure = _SideFailure(d.slot, exc)
+            failure.reason = reason
+            raise failure from None
         core.notify(
             "admission",
             d.slot,
@@ -138,11 +172,74 @@ async def handoff(
             session_id=ctx.session_id,
             admitted=True,
             reason="ok",
+            mode=DIRECT,
         )
         return response
     finally:
-        core.free(req_p.request_id)
         core.free(req_d.request_id)
+
+
+async def handoff(
+    proxy: Proxy, ctx: _Ctx, req: RoutingRequest, p_slot: int, d_slot: int
+) -> web.StreamResponse:
+    """One attempt of prefill on `p_slot` then decode on `d_slot`, with its
+    accounting. In P/D mode the two engines are in two pools: the request is
+    reserved as `<id>:p` on P and `<id>:d` on D. In aggregated mode (Mechanism
+    B) both are in one Router: one reservation on P that the core moves to D
+    when P's part is done (`add_request(..., decode_worker=D)`). Raises
+    _SideFailure naming the engine that failed while nothing reached the client."""
+    core = proxy.core
+    p, d = proxy.endpoints[p_slot], proxy.endpoints[d_slot]
+    one_pool = not proxy.config.pd_mode
+    if one_pool:
+        rid_p = req.request_id
+        rid_d = ""  # nothing of its own to mark: the core moved the load at P's end
+        core.add_request(req, p.slot, decode_worker=d.slot)
+    else:
+        rid_p, rid_d = req.request_id + ":p", req.request_id + ":d"
+        # Both reservations, with no await since the decisions.
+        core.add_request(_with_id(req, rid_p), p.slot)
+        core.add_request(_with_id(req, rid_d), d.slot)
+    try:
+        p.requests += 1
+        d.requests += 1
+        p.breaker.dispatched()
+        d.breaker.dispatched()
+        headers = proxy._headers(ctx, ctx.client_request_id or req.request_id)
+        free_p = not one_pool
+        try:
+            if proxy.config.pd_protocol == "vllm":
+                response = await _vllm(proxy, ctx, p, d, rid_p, rid_d, headers, free_p)
+            else:
+                response = await _sglang(proxy, ctx, p, d, rid_p, rid_d, headers, free_p)
+        except _SideFailure as exc:
+            reason = _refusal_reason(exc.failure)
+            proxy._admission(ctx, exc.slot, None, False, reason)
+            if exc.slot == d.slot:
+                core.notify(
+                    "admission",
+                    d.slot,
+                    request_id=rid_d or rid_p,
+                    session_id=ctx.session_id,
+                    admitted=False,
+                    reason=reason,
+                    mode=VIA_PREFILL,
+                )
+            raise
+        core.notify(
+            "admission",
+            d.slot,
+            request_id=rid_d or rid_p,
+            session_id=ctx.session_id,
+            admitted=True,
+            reason="ok",
+            mode=VIA_PREFILL,
+        )
+        return response
+    finally:
+        core.free(rid_p)
+        if rid_d:
+            core.free(rid_d)
 
 
 async def _read_prefill(
@@ -205,6 +302,7 @@ async def _vllm(
     rid_p: str,
     rid_d: str,
     headers: dict[str, str],
+    free_p: bool = True,
 ) -> web.StreamResponse:
     body = ctx.parsed.body
     prefill = dict(body)
@@ -223,8 +321,9 @@ async def _vllm(
     for key in ("stream_options", "min_tokens", "min_completion_tokens"):
         prefill.pop(key, None)
     data = await _read_prefill(proxy, p, ctx.path, prefill, headers)
-    proxy.core.mark_prefill_completed(rid_p)
-    proxy.core.free(rid_p)
+    proxy.core.mark_prefill_completed(rid_p)  # P's part is done (one-pool: load moves to D)
+    if free_p:
+        proxy.core.free(rid_p)
     try:
         answer = json.loads(data)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
@@ -244,6 +343,7 @@ async def _sglang(
     rid_p: str,
     rid_d: str,
     headers: dict[str, str],
+    free_p: bool = True,
 ) -> web.StreamResponse:
     body = dict(ctx.parsed.body)
     body["bootstrap_host"] = p.spec.host
@@ -253,7 +353,8 @@ async def _sglang(
     async def prefill() -> None:
         await _read_prefill(proxy, p, ctx.path, body, headers)
         proxy.core.mark_prefill_completed(rid_p)
-        proxy.core.free(rid_p)
+        if free_p:
+            proxy.core.free(rid_p)
 
     p_task = asyncio.create_task(prefill())
     d_task = asyncio.create_task(_decode(proxy, ctx, d, rid_d, body, headers))

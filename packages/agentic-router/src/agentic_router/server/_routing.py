@@ -105,8 +105,11 @@ class RoutingCore:
             if not ids:
                 continue
             rc = router_config(config, ids)
+            policy = config.policy
+            if role == DECODE and config.decode_policy:
+                policy = config.decode_policy
             try:
-                router = Router(ids, config.policy, config=rc, plugin_manager=self.pm)
+                router = Router(ids, policy, config=rc, plugin_manager=self.pm)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             pool = Pool(role, router, len(self._slot_pool), len(ids))
@@ -158,24 +161,23 @@ class RoutingCore:
                 router.set_worker_health(w, healthy)
         if decision.worker in local_ex:  # every other worker was unhealthy too
             return None
-        decode = decision.decode_worker
-        if decode is not None:
-            # A decode selector in the prefill pool names a decode-pool worker (as in
-            # the simulator); elsewhere it names a worker of the same pool (Mechanism B).
-            target = self.pools.get(DECODE) if role == PREFILL else pool
-            if target is None or not 0 <= decode < target.size:
-                decode = None
-            else:
-                decode += target.offset
-        if pool.offset == 0 and decode == decision.decode_worker:
+        if pool.offset == 0:
             return decision
+        decode = decision.decode_worker  # a worker of the same pool (Mechanism B)
         return dataclasses.replace(
-            decision, worker=decision.worker + pool.offset, decode_worker=decode
+            decision,
+            worker=decision.worker + pool.offset,
+            decode_worker=None if decode is None else decode + pool.offset,
         )
 
-    def add_request(self, req: RoutingRequest, slot: int) -> None:
+    def add_request(
+        self, req: RoutingRequest, slot: int, *, decode_worker: int | None = None
+    ) -> None:
+        """AddRequest; with `decode_worker` (a slot of the same pool) the core moves
+        the request's load there when its prefill completes (Mechanism B)."""
         pool = self._slot_pool[slot]
-        pool.router.add_request(req, slot - pool.offset)
+        local_decode = None if decode_worker is None else decode_worker - pool.offset
+        pool.router.add_request(req, slot - pool.offset, decode_worker=local_decode)
         self._owner[req.request_id] = pool
 
     def mark_prefill_completed(self, request_id: str) -> None:

@@ -51,6 +51,7 @@ class Faults:
     token_interval_s: float = 0.0  # time between tokens
     fail_status: int | None = None  # answer generation requests with this HTTP status
     fail_count: int | None = None  # ... for this many requests (None: all of them)
+    fail_message: str | None = None  # the error message of those failures
     die_after_chunks: int | None = None  # drop the connection after this many chunks
     hang: bool = False  # accept generation requests and never answer
     health_status: int = 200  # what GET /health answers
@@ -202,7 +203,7 @@ class FakeEngine:
         if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
             if f.fail_count is not None:
                 f.fail_count -= 1
-            return _error(f.fail_status, f"injected failure {f.fail_status}")
+            return _error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
         if f.hang:
             await asyncio.sleep(3600)
         self.inflight += 1
