@@ -167,3 +167,16 @@ def test_windowed_rule_cannot_cycle(answers: list[str | None], gap_s: float) -> 
     moves = [times[i] for i in range(1, len(served)) if served[i] != served[i - 1]]
     assert len(moves) <= 2
     assert all(b - a >= 120.0 for a, b in itertools.pairwise(moves))
+
+
+def test_a_migration_avoids_a_d_that_is_failing_the_session_too() -> None:
+    t = Turns(migration_cooldown_s=0.0, migration_budget=5)
+    t.play(None)
+    _, home = t.play(None)
+    served = [t.play("backpressure")[1] for _ in range(3)]
+    first_move = served[2]
+    assert first_move != home
+    served = [t.play("backpressure")[1] for _ in range(3)]  # the new home fails as well
+    second_move = served[2]
+    # both earlier homes have 3 counted rejections in the window: the third D is the target
+    assert second_move not in (home, first_move)

@@ -171,7 +171,7 @@ class KvAwareScorer:
                     return self._remember(ctx, i, VIA_PREFILL, f"fallback-{why}", migration=True)
                 return self._remember(ctx, r_i, VIA_PREFILL, "fallback-same-d")
             if retry == s.home and self._may_migrate(s, retry, now, len(cands)):
-                i = self._place(ctx, [k for k in range(len(cands)) if k != r_i], floor=not sticky)
+                i = self._place(ctx, self._targets(ctx, s, r_i, now), floor=not sticky)
                 return self._remember(ctx, i, VIA_PREFILL, "migrate-sustained", migration=True)
             return self._remember(ctx, r_i, VIA_PREFILL, "fallback-same-d")
         if home_i is None:
@@ -184,7 +184,7 @@ class KvAwareScorer:
                 mode = DIRECT if small else VIA_PREFILL
                 return self._remember(ctx, i, mode, why, migration=True)
         elif self._may_migrate(s, s.home, now, len(cands)):
-            i = self._place(ctx, [k for k in range(len(cands)) if k != home_i], floor=not sticky)
+            i = self._place(ctx, self._targets(ctx, s, home_i, now), floor=not sticky)
             return self._remember(ctx, i, VIA_PREFILL, "migrate-sustained", migration=True)
         if small:
             return self._remember(ctx, home_i, DIRECT, "direct-to-d")
@@ -253,6 +253,14 @@ class KvAwareScorer:
         counts = [len(s.counts.get(c, ())) for c in ctx.candidates]
         i = min(range(len(ctx.candidates)), key=lambda k: (counts[k], rot[k]))
         return i, "all-blacklisted-least-rejected"
+
+    def _targets(self, ctx: ScoringContext, s: _Session, home_i: int, now: float) -> list[int]:
+        """Migration candidates: not home, and preferably not a D that is itself failing this
+        session (its counted rejections in the window reach the threshold)."""
+        others = [k for k in range(len(ctx.candidates)) if k != home_i]
+        thr = self.settings.migration_reject_threshold
+        healthy = [k for k in others if self._count(s, ctx.candidates[k], now) < thr]
+        return healthy or others
 
     def _may_migrate(self, s: _Session, home: int, now: float, n: int) -> bool:
         st = self.settings
