@@ -13,6 +13,7 @@ one JSON object. Needs an SGLang of the supported range importable, e.g.:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -33,6 +34,7 @@ def _one_round(harness: Any, model_dir: Path, batch: int, bad: bool) -> float:
     if bad:
         reqs[-1] = engine.overlong_req("bad", 10, 40)
     engine.scheduler.waiting_queue += reqs
+    gc.collect()  # set-up garbage (pools, apply/revert) is not the round's cost
     start = time.perf_counter()
     engine.scheduler.get_new_batch_prefill()
     return (time.perf_counter() - start) * 1e6
