@@ -56,8 +56,9 @@ def _prompt(rng: random.Random) -> str:
 
 
 async def _drive(
-    url: str, n: int, concurrency: int, stream: bool, max_tokens: int, seed: int
+    urls: list[str], n: int, concurrency: int, stream: bool, max_tokens: int, seed: int
 ) -> tuple[list[float], float]:
+    """n requests, `concurrency` at a time, spread round-robin over `urls`."""
     rng = random.Random(seed)
     prompts = [_prompt(rng) for _ in range(min(n, 256))]
     latencies: list[float] = []
@@ -75,6 +76,7 @@ async def _drive(
                     "user": f"session-{(w * 7919 + i) % 97}",
                 }
                 t0 = time.perf_counter()
+                url = urls[i % len(urls)]
                 async with session.post(url + "/v1/completions", json=body) as resp:
                     data = await resp.read()
                     if resp.status != 200:
@@ -107,7 +109,57 @@ async def _wait_up(url: str, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.1)
 
 
+def _serve_baseline(port: int, urls: list[str]) -> None:
+    """The cheapest aiohttp pass-through there is (no routing, no accounting, no
+    timeouts): the floor any aiohttp-based proxy pays on this machine."""
+    from aiohttp import web
+
+    async def run() -> None:
+        session = aiohttp.ClientSession(
+            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding")
+        )
+        turn = 0
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            nonlocal turn
+            raw = await request.read()
+            turn += 1
+            url = urls[turn % len(urls)] + "/v1/completions"
+            headers = {"Content-Type": "application/json"}
+            async with session.post(url, data=raw, headers=headers) as up:
+                kind = up.headers.get("Content-Type", "application/json")
+                if not kind.startswith("text/event-stream"):
+                    return web.Response(body=await up.read(), headers={"Content-Type": kind})
+                out = web.StreamResponse(headers={"Content-Type": kind})
+                await out.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", handle)
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+        await session.close()
+
+    asyncio.run(run())
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-baseline":
+        _serve_baseline(int(sys.argv[2]), sys.argv[3:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per scenario")
     parser.add_argument("--concurrency", default="1,16,64")
@@ -115,6 +167,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens (= SSE chunks)")
     parser.add_argument("--policy", default="unified")
     parser.add_argument("--event-loop", default="auto", choices=("auto", "asyncio", "uvloop"))
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the bare aiohttp pass-through baseline"
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -124,6 +179,7 @@ def main() -> int:
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     router: subprocess.Popen[str] | None = None
+    baseline: subprocess.Popen[str] | None = None
     try:
         assert fakes.stdout is not None
         urls: list[str] = json.loads(fakes.stdout.readline())["urls"]
@@ -137,23 +193,37 @@ def main() -> int:
             cmd += ["--engine", u]
         router = proc = subprocess.Popen(cmd, text=True)
         asyncio.run(_wait_up(router_url))
-        # Warm both paths (connection pools, imports, JIT-less caches).
-        asyncio.run(_drive(router_url, 200, 8, True, args.max_tokens, 0))
-        asyncio.run(_drive(urls[0], 200, 8, True, args.max_tokens, 0))
+        base_url = ""
+        if not args.no_baseline:
+            base_port = _free_port()
+            base_url = f"http://127.0.0.1:{base_port}"
+            baseline = subprocess.Popen(
+                [sys.executable, __file__, "--serve-baseline", str(base_port), *urls], text=True
+            )
+            asyncio.run(_wait_up(base_url))
+            asyncio.run(_drive([base_url], 200, 8, True, args.max_tokens, 0))
+        # Warm every path (connection pools, imports, caches).
+        asyncio.run(_drive([router_url], 200, 8, True, args.max_tokens, 0))
+        asyncio.run(_drive(urls, 200, 8, True, args.max_tokens, 0))
         results: list[dict[str, Any]] = []
         for stream in (False, True):
             for c in levels:
                 n = max(args.requests // (4 if c == 1 else 1), 100)
-                direct: list[float] = []
-                share = n // len(urls)
-                for i, u in enumerate(urls):  # direct: the same load, split over the engines
-                    lat, _ = asyncio.run(
-                        _drive(u, share, max(1, c // len(urls)), stream, args.max_tokens, i)
-                    )
-                    direct += lat
+                # direct: the same load, spread over the engines by the client
+                direct, _ = asyncio.run(_drive(urls, n, c, stream, args.max_tokens, 1))
                 cpu0 = _cpu_seconds(proc.pid)
-                via, elapsed = asyncio.run(_drive(router_url, n, c, stream, args.max_tokens, 1))
+                via, elapsed = asyncio.run(_drive([router_url], n, c, stream, args.max_tokens, 1))
                 cpu = _cpu_seconds(proc.pid) - cpu0
+                floor: dict[str, Any] | None = None
+                if baseline is not None:
+                    b0 = _cpu_seconds(baseline.pid)
+                    lat, _ = asyncio.run(_drive([base_url], n, c, stream, args.max_tokens, 1))
+                    floor = {
+                        "cpu_us_per_req": round((_cpu_seconds(baseline.pid) - b0) / n * 1e6, 1),
+                        "added_latency_ms_p50": round(
+                            (_pct(lat, 0.5) - _pct(direct, 0.5)) * 1e3, 3
+                        ),
+                    }
                 results.append(
                     {
                         "stream": stream,
@@ -174,6 +244,7 @@ def main() -> int:
                             "p50": round(_pct(direct, 0.5) * 1e3, 3),
                             "p99": round(_pct(direct, 0.99) * 1e3, 3),
                         },
+                        "bare_aiohttp_passthrough": floor,
                     }
                 )
         print(
@@ -193,7 +264,7 @@ def main() -> int:
             )
         )
     finally:
-        for child in (router, fakes):
+        for child in (router, baseline, fakes):
             if child is not None and child.poll() is None:
                 child.send_signal(signal.SIGINT)
                 try:
