@@ -7,7 +7,7 @@ import math
 from collections import Counter
 
 from aiohttp import web
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentic_router.metrics import (
@@ -84,6 +84,7 @@ def _render(s: Sample, ts: int | None) -> str:
     return f"{body} {value}" + ("" if ts is None else f" {ts}")
 
 
+@settings(deadline=None)  # no timed assertions (a busy CI machine)
 @given(
     st.lists(
         st.builds(
@@ -103,6 +104,7 @@ def test_parser_round_trips_the_exposition_format(samples: list[Sample], stamps:
     assert not errors
 
 
+@settings(deadline=None)  # no timed assertions (a busy CI machine)
 @given(st.text(max_size=300))
 def test_parser_never_raises(text: str) -> None:
     parse_prometheus_text(text)

@@ -42,7 +42,7 @@ event = st.one_of(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(event, max_size=120))
 def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> None:
     s = _state(capacity=16)
@@ -173,7 +173,7 @@ def test_sessions_are_bounded() -> None:
     assert reg.session_home("s4", now=14.5) is None  # TTL
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.tuples(st.integers(0, 5), st.lists(st.integers(0, 2), min_size=1, max_size=6)),
