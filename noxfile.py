@@ -89,8 +89,9 @@ def wheels(session: nox.Session) -> None:
         deps = [] if name == "common" else [str(next((dist / "common").glob("*.whl")))]
         session.run(py, "-m", "pip", "install", "-q", str(wheel), *deps, external=True)
         module = IMPORT_NAMES[name]
-        session.run(py, "-c", f"import {module}; print({module}.__name__, 'imports')",
-                    external=True)
+        session.run(
+            py, "-c", f"import {module}; print({module}.__name__, 'imports')", external=True
+        )
 
 
 # ---- vllm-engine-state ----
@@ -120,11 +121,15 @@ def _vllm_session(version: str) -> None:
         # transformers' model imports). vLLM serves text models without them.
         unwanted = ("torchvision", "torchaudio", "torchcodec")
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *unwanted)
-        session.install("--no-deps", "-e", PACKAGES["common"], "-e", VLLM_ENGINE_STATE)
+        # The router too (its deps -- aiohttp, pyyaml, pluggy -- are already
+        # here): its e2e test puts it in front of a real vLLM with the plugin.
+        session.install(
+            "--no-deps", "-e", PACKAGES["common"], "-e", VLLM_ENGINE_STATE, "-e", PACKAGES["router"]
+        )
         tests = f"{VLLM_ENGINE_STATE}/tests"
         paths = [f"{tests}/unit", f"{tests}/contract"]
         if version == VLLM_E2E_VERSION:
-            paths.append(f"{tests}/e2e")
+            paths += [f"{tests}/e2e", f"{PACKAGES['router']}/tests/server/vllm_e2e"]
         _pytest(session, *paths)
 
 
@@ -229,7 +234,12 @@ ROUTER_EXAMPLE_PLUGIN = "docs/examples/agentic-router-example-scorer"
 def _install_router(session: nox.Session) -> None:
     session.install(*TEST_DEPS)
     session.install(
-        "-e", f"{PACKAGES['common']}[redis]", "-e", PACKAGES["router"], "-e", ROUTER_EXAMPLE_PLUGIN
+        "-e",
+        f"{PACKAGES['common']}[redis]",
+        "-e",
+        f"{PACKAGES['router']}[plots]",
+        "-e",
+        ROUTER_EXAMPLE_PLUGIN,
     )
 
 
