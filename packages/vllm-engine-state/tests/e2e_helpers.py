@@ -117,13 +117,17 @@ def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[
         assert usage == [LONG_PROMPT_TOKENS] * LONG_PROMPTS
         done_at = time.time()
         wait_for(lambda: bool(watcher.seen) and watcher.seen[-1].ts > done_at + 0.05)
-    during = [s.max_prefill_remaining for s in watcher.seen if s.num_prefilling > 0]
-    assert during, "no snapshot showed the prefill"
-    assert max(during) > LONG_PROMPT_TOKENS // 2
-    # The prompts may arrive a step apart; from the peak on, it only falls.
-    falling = during[during.index(max(during)) :]
-    assert len(set(falling)) >= 2, f"prefill seen at one point only: {during}"
-    assert falling == sorted(falling, reverse=True), f"remaining prefill went up: {during}"
+    prefilling = [s for s in watcher.seen if s.num_prefilling > 0]
+    assert prefilling, "no snapshot showed the prefill"
+    assert max(s.max_prefill_remaining for s in prefilling) > LONG_PROMPT_TOKENS // 2
+    # The prompts may arrive a step apart; once the backlog peaks it only falls.
+    # (The per-request fall, chunk by chunk, is pinned by the contract tests;
+    # here the order in which vLLM takes the four prompts is its own business.)
+    pending = [s.pending_prefill_tokens for s in prefilling]
+    falling = pending[pending.index(max(pending)) :]
+    assert len(set(falling)) >= 2, f"prefill backlog seen at one point only: {pending}"
+    assert falling == sorted(falling, reverse=True), f"prefill backlog went up: {pending}"
+    during = [s.max_prefill_remaining for s in prefilling]
     for state in watcher.seen:
         assert state.max_prefill_remaining <= state.pending_prefill_tokens
     last = watcher.seen[-1]
