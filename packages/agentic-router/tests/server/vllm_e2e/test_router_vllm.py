@@ -211,8 +211,18 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
             await resp.read()
             resp.release()
             assert r.active_requests() == 0
-            async with s.get(r.url + "/metrics") as m:
-                text = await m.text()
-            assert 'agentic_router_feed_fresh{engine="engine_0"} 1' in text
+            # /metrics exports the feed's freshness. Read it until a poll lands
+            # on a fresh snapshot: on a loaded 2-core machine one scrape can
+            # fall in a gap longer than the 0.5 s freshness window.
+            line = 'agentic_router_feed_fresh{engine="engine_0"} 1'
+            text = ""
+            for _ in range(100):
+                async with s.get(r.url + "/metrics") as m:
+                    text = await m.text()
+                if line in text:
+                    break
+                await asyncio.sleep(0.1)
+            assert line in text
+            assert 'agentic_router_worker_shadow_requests{engine="engine_0"} 0' in text
 
     asyncio.run(main())
