@@ -1,6 +1,6 @@
 """The structured JSONL logs (DESIGN §7): the one writer, and the record shapes.
 
-Three files in a directory, one JSON object per line:
+Four files in a directory, one JSON object per line:
 
 - `routing-decisions.jsonl`: `{ts, request_id, session_id, policy, reason, worker,
   decode_worker, candidates, stage, ...}`, the decision's own `to_log()` fields
@@ -11,7 +11,13 @@ Three files in a directory, one JSON object per line:
   session as this writer saw it; `mode` is `aggregated` or `pd`);
 - `admission-events.jsonl`: `{ts, request_id, session_id, worker, mode,
   admitted, reason}`: whether a request was let in, and if not, why
-  (`no-space`, `session-cap`, `backpressure`, `circuit-open`, `overloaded`, ...).
+  (`no-space`, `session-cap`, `backpressure`, `circuit-open`, `overloaded`, ...);
+- `request-outcomes.jsonl` (the proxy only): `{ts, request_id, client_request_id,
+  session_id, endpoint, outcome, status, worker, decode_worker, ttft_s, e2e_s}`,
+  one line per finished generation request. Both times are the router's own view,
+  measured from when it received the request (monotonic clock): `ttft_s` to the
+  first response bytes from the engine (null if none came), `e2e_s` to the end of
+  the response to the client; `outcome` is the `agentic_router_requests_total` label.
 
 Both the HTTP proxy and the simulator write through `JsonlLogs`, so `analyze`
 reads one format. Writing never blocks the caller: records go through a
@@ -40,7 +46,8 @@ log = logging.getLogger("agentic_router.logs")
 ROUTING_DECISIONS: Final = "routing-decisions.jsonl"
 SESSION_BINDING: Final = "session-binding.jsonl"
 ADMISSION_EVENTS: Final = "admission-events.jsonl"
-STREAMS: Final = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS)
+REQUEST_OUTCOMES: Final = "request-outcomes.jsonl"
+STREAMS: Final = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS, REQUEST_OUTCOMES)
 
 _QUEUE_MAX: Final = 65536
 _MAX_SESSIONS_TRACKED: Final = 100_000
@@ -48,7 +55,7 @@ _STOP: Final = object()
 
 
 class JsonlLogs:
-    """Appends records to the three JSONL files of one directory."""
+    """Appends records to the JSONL files of one directory."""
 
     def __init__(
         self,
@@ -75,7 +82,7 @@ class JsonlLogs:
             )
             self._thread.start()
 
-    # ---- the three record kinds ----
+    # ---- the record kinds ----
 
     def decision(
         self,
@@ -137,6 +144,29 @@ class JsonlLogs:
                 "reason": reason,
             },
         )
+
+    def request_outcome(
+        self,
+        request_id: str,
+        session_id: str | None,
+        *,
+        outcome: str,
+        status: int | None,
+        ttft_s: float | None,
+        e2e_s: float,
+        **extra: Any,
+    ) -> None:
+        record = {
+            "ts": self._clock(),
+            "request_id": request_id,
+            "session_id": session_id,
+            "outcome": outcome,
+            "status": status,
+            "ttft_s": ttft_s,
+            "e2e_s": e2e_s,
+        }
+        record.update(extra)
+        self._emit(REQUEST_OUTCOMES, record)
 
     # ---- plumbing ----
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentic_router._cli import main
+from agentic_router._logs import REQUEST_OUTCOMES, read_jsonl
 from agentic_router.server import ServerConfig
 from agentic_router.server.testing import FakeEngine, running_router
 from agentic_router.sim import AgenticParams, Trace, generate_agentic, write_mooncake
@@ -20,6 +21,7 @@ from agentic_router.sim._trace import iter_sessions
 from agentic_router.sim.cli_analyze import analyze_dir
 
 FIRST_TOKEN_DELAY_S = 0.02
+TTFT_SLACK_S = 0.05
 
 
 def small_trace() -> Trace:
@@ -115,6 +117,26 @@ def test_bench_through_the_router_reproduces_the_trace(tmp_path: Path) -> None:
     assert report["sessions"]["turns"] == len(trace.requests)
     assert report["sessions"]["sessions"] == trace.num_sessions
     assert report["sessions"]["switches_per_session"]["max"] == 0
+    # ... and timed them: the router's TTFT and bench's TTFT are two measurements of
+    # one event (the first token), the router's nested inside the client's
+    outcomes = list(read_jsonl(tmp_path / "logs" / REQUEST_OUTCOMES))
+    assert len(outcomes) == len(records)
+    by_client_id = {o["client_request_id"]: o for o in outcomes}
+    assert len(by_client_id) == len(records)
+    for rec in records:
+        logged = by_client_id[rec.request_id]
+        assert logged["outcome"] == "ok"
+        assert logged["status"] == 200
+        assert logged["session_id"] == rec.session_id
+        assert logged["worker"] == rec.worker  # the X-Agentic-Worker header bench read
+        assert rec.ttft_s is not None
+        assert rec.e2e_s is not None
+        router_ttft, router_e2e = logged["ttft_s"], logged["e2e_s"]
+        assert FIRST_TOKEN_DELAY_S <= router_ttft <= rec.ttft_s
+        assert router_ttft <= router_e2e <= rec.e2e_s
+        # what lies between them is two loopback hops and two event-loop turns on a
+        # shared 2-core machine: allow 50 ms plus 20% of the client's figure
+        assert rec.ttft_s - router_ttft <= TTFT_SLACK_S + 0.2 * rec.ttft_s
 
 
 def test_shared_prefixes_are_byte_identical() -> None:

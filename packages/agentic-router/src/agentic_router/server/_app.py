@@ -349,6 +349,7 @@ class Proxy:
             return _json_error(
                 503, "router is at max_inflight; retry later", headers={"Retry-After": "1"}
             )
+        received = time.monotonic()
         self.inflight += 1
         try:
             try:
@@ -378,17 +379,54 @@ class Proxy:
                 request_id=f"{self._id_prefix}{next(self._ids)}",
                 client_request_id=request.headers.get("X-Request-Id"),
                 endpoint=endpoint,
+                received=received,
             )
+            response: web.StreamResponse | None = None
             try:
                 if self.config.pd_mode:
-                    return await self._serve_pd(ctx)
-                return await self._serve_aggregated(ctx)
+                    response = await self._serve_pd(ctx)
+                else:
+                    response = await self._serve_aggregated(ctx)
+                return response
             except (asyncio.CancelledError, ConnectionResetError):
                 # The client went away (every reservation was freed on the way out).
-                self.telemetry.requests.inc(endpoint, "client_disconnect")
+                self._count(ctx, "client_disconnect")
                 raise
+            finally:
+                self._log_outcome(ctx, response)
         finally:
             self.inflight -= 1
+
+    def _count(self, ctx: _Ctx, outcome: str) -> None:
+        self.telemetry.requests.inc(ctx.endpoint, outcome)
+        ctx.outcome = outcome
+
+    def _log_outcome(self, ctx: _Ctx, response: web.StreamResponse | None) -> None:
+        """One request-outcomes.jsonl line: the router's own TTFT and end-to-end time."""
+        if self.logs is None:
+            return
+        first = ctx.first_token
+        self.logs.request_outcome(
+            ctx.request_id,
+            ctx.session_id,
+            outcome=ctx.outcome or "unknown",
+            status=None if response is None else response.status,
+            ttft_s=None if first is None else round(first - ctx.received, 6),
+            e2e_s=round(time.monotonic() - ctx.received, 6),
+            client_request_id=ctx.client_request_id,
+            endpoint=ctx.endpoint,
+            worker=ctx.worker,
+            decode_worker=ctx.decode_worker,
+        )
+
+    def _worker_headers(self, ctx: _Ctx) -> dict[str, str]:
+        """X-Agentic-Worker (and, in P/D, X-Agentic-Decode-Worker): who served it."""
+        headers: dict[str, str] = {}
+        if ctx.worker is not None:
+            headers["X-Agentic-Worker"] = ctx.worker
+        if ctx.decode_worker is not None:
+            headers["X-Agentic-Decode-Worker"] = ctx.decode_worker
+        return headers
 
     def _admission(
         self,
@@ -418,6 +456,8 @@ class Proxy:
         stage: str | None = None,
     ) -> None:
         self.telemetry.decisions.inc(str(decision.policy), str(decision.reason))
+        ctx.worker = self.endpoints[worker].spec.engine_id
+        ctx.decode_worker = None if decode is None else self.endpoints[decode].spec.engine_id
         # A migration: decode moved off the prefill worker (aggregated Mechanism B),
         # or the session's serving worker changed (its decode worker in P/D).
         pd = self.config.pd_mode
@@ -501,10 +541,10 @@ class Proxy:
             finally:
                 self.core.free(rid)
         if last is None:
-            self.telemetry.requests.inc(ctx.endpoint, "no_engine")
+            self._count(ctx, "no_engine")
             self._admission(ctx, None, None, False, "no-usable-engine")
             return _json_error(503, "no usable engine: every engine is down or its circuit is open")
-        self.telemetry.requests.inc(ctx.endpoint, f"engine_{last.status}")
+        self._count(ctx, f"engine_{last.status}")
         return _json_error(last.status, last.message)
 
     async def _forward(
@@ -577,12 +617,15 @@ class Proxy:
             self._record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
         else:
             self._record_success(ep)  # a 4xx is the engine alive and judging the request
-        self.telemetry.requests.inc(ctx.endpoint, f"engine_{status}")
+        self._count(ctx, f"engine_{status}")
         self._admission(ctx, ep.slot, None, False, _admission_reason(status))
         return web.Response(
             body=data,
             status=status,
-            headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                **self._worker_headers(ctx),
+            },
         )
 
     async def _relay_full(
@@ -599,14 +642,18 @@ class Proxy:
             raise EngineFailure(
                 502, f"engine {ep.spec.engine_id} cut the response short: {exc!r}"
             ) from None
+        ctx.first_token = time.monotonic()
         self.core.mark_prefill_completed(rid)
         self._record_success(ep)
-        self.telemetry.requests.inc(ctx.endpoint, "ok")
+        self._count(ctx, "ok")
         self._admission(ctx, ep.slot, None, True, "ok")
         return web.Response(
             body=data,
             status=200,
-            headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                **self._worker_headers(ctx),
+            },
         )
 
     async def _relay_stream(
@@ -630,6 +677,7 @@ class Proxy:
                     self._record_failure(ep, "cut", "empty stream")
                     raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an empty stream")
                 # From here on the client gets bytes: no retry, errors go in-band.
+                ctx.first_token = time.monotonic()
                 self.core.mark_prefill_completed(rid)
                 self._admission(ctx, ep.slot, None, True, "ok")
                 out = web.StreamResponse(
@@ -637,6 +685,7 @@ class Proxy:
                     headers={
                         "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
                         "Cache-Control": "no-cache",
+                        **self._worker_headers(ctx),
                     },
                 )
                 idle = self.config.stream_idle_timeout_s
@@ -670,18 +719,18 @@ class Proxy:
                     f"engine {ep.spec.engine_id} sent no token within "
                     f"{self.config.first_byte_timeout_s}s",
                 ) from None
-            self.telemetry.requests.inc(ctx.endpoint, "stream_timeout")
+            self._count(ctx, "stream_timeout")
             await _stream_error(out, tail, 504, f"engine {ep.spec.engine_id} went silent")
             return out
         if broken is not None:
             self._record_failure(ep, "cut", repr(broken))
-            self.telemetry.requests.inc(ctx.endpoint, "stream_broken")
+            self._count(ctx, "stream_broken")
             await _stream_error(
                 out, tail, 502, f"engine {ep.spec.engine_id} died mid-stream: {broken!r}"
             )
             return out
         self._record_success(ep)
-        self.telemetry.requests.inc(ctx.endpoint, "ok")
+        self._count(ctx, "ok")
         with contextlib.suppress(ConnectionResetError):
             await out.write_eof()
         return out
@@ -802,7 +851,12 @@ class _Ctx:
     request_id: str
     client_request_id: str | None
     endpoint: str
+    received: float = 0.0  # time.monotonic() when the request arrived
     started: bool = False  # bytes went to the client: no retry from here on
+    first_token: float | None = None  # time.monotonic() of the engine's first bytes
+    outcome: str = ""  # the agentic_router_requests_total outcome label
+    worker: str | None = None  # engine id of the latest decision's worker
+    decode_worker: str | None = None
 
 
 def _admission_reason(status: int) -> str:

@@ -115,10 +115,10 @@ async def serve_pd(proxy: Proxy, ctx: _Ctx) -> web.StreamResponse:
                 break
             tried.add(exc.slot)
     if last is None:
-        proxy.telemetry.requests.inc(ctx.endpoint, "no_engine")
+        proxy._count(ctx, "no_engine")
         proxy._admission(ctx, None, None, False, "no-usable-engine")
         return _json_error(503, "no usable prefill/decode pair: engines down or circuits open")
-    proxy.telemetry.requests.inc(ctx.endpoint, f"engine_{last.status}")
+    proxy._count(ctx, f"engine_{last.status}")
     return _json_error(last.status, last.message)
 
 

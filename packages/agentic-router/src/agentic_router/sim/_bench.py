@@ -544,7 +544,8 @@ class BenchRunner:
         else:
             path = "/v1/completions"
             body["prompt"] = text
-        headers = {"Content-Type": "application/json"}
+        # the router logs it as client_request_id (request-outcomes.jsonl): a join key
+        headers = {"Content-Type": "application/json", "X-Request-Id": f"r{req.index}"}
         if req.session_id is not None:
             headers[cfg.session_header] = req.session_id
             body["user"] = req.session_id
