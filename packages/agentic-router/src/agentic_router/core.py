@@ -388,6 +388,11 @@ class Router:
     def policy(self) -> str:
         return self._policy.name
 
+    @property
+    def decode_selector(self) -> DecodeSelector | None:
+        """The current policy's decode-worker selector (Mechanism B), if it has one."""
+        return self._decode
+
     def set_policy(self, name: str) -> None:
         spec = self.components.policies.get(name)
         if spec is None:

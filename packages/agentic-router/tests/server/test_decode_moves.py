@@ -142,3 +142,71 @@ def test_pd_direct_to_decode_and_the_fallback_through_prefill(refuse: str | None
             assert r.active_requests() == 0
 
     run(main())
+
+
+def _sample(text: str, name: str) -> float | None:
+    """The value of the sample line `name` (with its labels) in a /metrics page."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def test_metrics_export_the_thrash_guards_of_a_real_decode_move() -> None:
+    """unified_v3 over HTTP: the second turn of a session arrives while its home
+    still decodes the first, so its decode moves (Mechanism B); /metrics counts it."""
+
+    async def main() -> None:
+        a = FakeEngine("vllm", engine_id="A")
+        b = FakeEngine("vllm", engine_id="B")
+        for e in (a, b):
+            e.faults.token_interval_s = 0.05
+        options = (
+            "v3_min_busy_decodes=1",  # one decode makes home busy ...
+            "v3_min_load_gap=1",  # ... and one fewer elsewhere is worth a move
+            "v3_target_load_ratio=1.0",
+            "v3_min_new_tokens=1",
+        )
+        cfg = config(engines=[a.url, b.url], policy="unified_v3", router_options=options)
+        moves = 'agentic_router_policy_migrations_total{pool="both"}'
+        tokens = 'agentic_router_reprefill_tokens_total{pool="both"}'
+        last_minute = 'agentic_router_migrations_per_minute{pool="both",window="last_minute"}'
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            before = await (await s.get(r.url + "/metrics")).text()
+            assert _sample(before, moves) == 0
+            assert _sample(before, tokens) == 0
+            # turn 1: a long stream; once its first token is out, home is decoding it
+            long_turn = completion_body(stream=True, max_tokens=40, user="s1")
+            async with s.post(r.url + "/v1/completions", json=long_turn) as first:
+                assert first.status == 200
+                home = first.headers["X-Agentic-Worker"]
+                await first.content.readany()
+                body = completion_body(user="s1", max_tokens=3)
+                async with s.post(r.url + "/v1/completions", json=body) as second:
+                    assert second.status == 200
+                    await second.read()
+                    assert second.headers["X-Agentic-Worker"] == home  # prefill at home
+                    assert second.headers["X-Agentic-Decode-Worker"] != home
+                await first.read()
+            target = b if home == "engine_0" else a  # the proxy names engines by position
+            assert target.kv_pulls == 1  # the decode really ran elsewhere, on home's KV
+            after = await (await s.get(r.url + "/metrics")).text()
+            assert _sample(after, moves) == 1
+            moved_tokens = _sample(after, tokens)
+            assert moved_tokens is not None
+            assert moved_tokens > 0
+            assert _sample(after, last_minute) == 1
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+def test_metrics_leave_out_thrash_guards_for_policies_without_them() -> None:
+    async def main() -> None:
+        a = FakeEngine("vllm", engine_id="A")
+        async with a, running_router(config(engines=[a.url])) as r, aiohttp.ClientSession() as s:
+            text = await (await s.get(r.url + "/metrics")).text()
+            assert "agentic_router_policy_migrations_total" not in text
+            assert "agentic_router_reprefill_tokens_total" not in text
+
+    run(main())

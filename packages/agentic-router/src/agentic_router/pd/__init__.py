@@ -61,7 +61,7 @@ def thrash_metrics(router: Router) -> dict[str, Any] | None:
         scorer = router.components.scorers.get("kv_aware")
         if isinstance(scorer, KvAwareScorer):
             return scorer.metrics()
-    selector = getattr(router, "_decode", None)
+    selector = router.decode_selector
     if isinstance(selector, UnifiedV3Selector):
         return selector.metrics()
     return None

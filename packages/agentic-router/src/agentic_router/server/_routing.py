@@ -306,6 +306,7 @@ class RoutingCore:
             if st.age_s is not None:
                 age.set(name, value=round(st.age_s, 4))
             fresh.set(name, value=1.0 if st.fresh else 0.0)
+        thrash = self._thrash_families()
         for role, pool in self.pools.items():
             f = pool.feed
             if f is not None and hasattr(f, "drops"):
@@ -315,4 +316,58 @@ class RoutingCore:
                 feed.set(role, result, value=float(n))
             for kind, n in pool.router.anomalies.items():
                 anomalies.set(role, kind, value=float(n))
-        return [load, shadow, age, fresh, drops, feed, anomalies]
+        return [load, shadow, age, fresh, drops, feed, anomalies, *thrash]
+
+    def _thrash_families(self) -> list[Family]:
+        """The thrash guards of session migration (kv_aware) and Mechanism B
+        (unified_v3), per pool; none when no pool's policy keeps them."""
+        from agentic_router.pd import thrash_metrics
+
+        moves = Family(
+            "agentic_router_policy_migrations_total",
+            "counter",
+            "moves the migration policy made: kv_aware session moves to another decode "
+            "worker, unified_v3 decode moves (Mechanism B)",
+            ("pool",),
+        )
+        switches = Family(
+            "agentic_router_d_switches_per_session",
+            "gauge",
+            "kv_aware: decode-worker switches per session (mean, max over tracked sessions)",
+            ("pool", "stat"),
+        )
+        per_minute = Family(
+            "agentic_router_migrations_per_minute",
+            "gauge",
+            "policy migrations in the last minute, and averaged over the policy's lifetime",
+            ("pool", "window"),
+        )
+        reprefill = Family(
+            "agentic_router_reprefill_tokens_total",
+            "counter",
+            "prompt tokens whose KV had to follow a move: re-prefilled (kv_aware) or "
+            "transferred (unified_v3)",
+            ("pool",),
+        )
+        seen = False
+        for role, pool in self.pools.items():
+            m = thrash_metrics(pool.router)
+            if m is None:
+                continue
+            seen = True
+            if "d_switches_per_session" in m:  # kv_aware
+                moved = m["d_switches_total"]
+                per_session = m["d_switches_per_session"]
+                switches.set(role, "mean", value=float(per_session["mean"]))
+                switches.set(role, "max", value=float(per_session["max"]))
+                tokens = m["reprefill_tokens"]
+            else:  # unified_v3
+                moved = m["decode_migrations"]
+                tokens = m["moved_kv_tokens"]
+            moves.set(role, value=float(moved))
+            reprefill.set(role, value=float(tokens))
+            for window, rate in m["migrations_per_minute"].items():
+                per_minute.set(role, window, value=float(rate))
+        if not seen:
+            return []
+        return [moves, switches, per_minute, reprefill]
