@@ -137,6 +137,9 @@ def test_bench_through_the_router_reproduces_the_trace(tmp_path: Path) -> None:
         # what lies between them is two loopback hops and two event-loop turns on a
         # shared 2-core machine: allow 50 ms plus 20% of the client's figure
         assert rec.ttft_s - router_ttft <= TTFT_SLACK_S + 0.2 * rec.ttft_s
+    assert report["requests"]["count"] == len(records)
+    assert report["requests"]["by_outcome"] == {"ok": len(records)}
+    assert report["requests"]["ttft_s"]["count"] == len(records)
 
 
 def test_shared_prefixes_are_byte_identical() -> None:

@@ -7,6 +7,8 @@ DIR is one log directory (with `routing-decisions.jsonl`,
 `session-binding.jsonl`, `admission-events.jsonl`) or a directory of them
 (e.g. a replay's `logs/`), in which case each is analysed in turn. Missing
 files are reported as absent; a torn or malformed line is skipped and counted.
+The proxy's `request-outcomes.jsonl`, when present, adds the router-side TTFT
+and end-to-end percentiles and the outcome counts.
 This module only reads.
 """
 
@@ -25,6 +27,7 @@ ROUTING_DECISIONS = "routing-decisions.jsonl"
 SESSION_BINDING = "session-binding.jsonl"
 ADMISSION_EVENTS = "admission-events.jsonl"
 STREAMS = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS)
+REQUEST_OUTCOMES = "request-outcomes.jsonl"  # the proxy only: optional
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,8 +116,33 @@ def analyze_dir(directory: Path) -> dict[str, Any]:
         }
     else:
         out["absent"].append(ADMISSION_EVENTS)
+
+    path = directory / REQUEST_OUTCOMES
+    if path.is_file():
+        rows = list(_records(path, bad))
+        if rows:
+            out["requests"] = _requests(rows)
     out["malformed_lines"] = dict(bad)
     return out
+
+
+def _requests(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def stats(key: str) -> dict[str, float | None]:
+        v = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        return {
+            "count": len(v),
+            "mean": sum(v) / len(v) if v else None,
+            "p50": _pct(v, 50),
+            "p90": _pct(v, 90),
+            "p99": _pct(v, 99),
+        }
+
+    return {
+        "count": len(rows),
+        "by_outcome": dict(Counter(str(r.get("outcome")) for r in rows).most_common()),
+        "ttft_s": stats("ttft_s"),
+        "e2e_s": stats("e2e_s"),
+    }
 
 
 def _balance(counts: Mapping[str, int]) -> float | None:
@@ -221,6 +249,15 @@ def format_report(report: Mapping[str, Any]) -> str:
         for row in a["cross_table"]:
             lines.append(
                 f"  {row['mode']:<12} {row['outcome']:<9} {row['reason']:<24} {row['count']:>7}"
+            )
+    r = report.get("requests")
+    if r:
+        lines.append(f"requests (router side): {r['count']}  outcomes {r['by_outcome']}")
+        for key, label in (("ttft_s", "TTFT"), ("e2e_s", "E2E")):
+            q = r[key]
+            lines.append(
+                f"  {label:<4} s: mean {_fmt(q['mean'], '.4f')} p50 {_fmt(q['p50'], '.4f')} "
+                f"p90 {_fmt(q['p90'], '.4f')} p99 {_fmt(q['p99'], '.4f')}"
             )
     if report["absent"]:
         lines.append(f"absent: {', '.join(report['absent'])}")
