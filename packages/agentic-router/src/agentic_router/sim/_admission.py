@@ -228,18 +228,7 @@ class PDSimulation(Simulation):
             return
         drv = self.pd_driver
         tr = self.trace.requests[index]
-        self.release[index] = self.now
-        req = SimRequest(
-            request_id=f"r{index}",
-            prompt_tokens=tr.input_length,
-            output_tokens=tr.output_length,
-            block_hashes=self.hashes[index],
-            arrival=self.now,
-            session_id=tr.session_id,
-            turn=tr.turn,
-            index=index,
-        )
-        self.sim_requests[index] = req
+        req = self._arrive(index)
         sid = tr.session_id
         prev = self._last_prompt.get(sid, 0) if sid is not None else 0
         if sid is not None:

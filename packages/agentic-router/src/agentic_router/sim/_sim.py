@@ -355,7 +355,8 @@ class Simulation:
         if end is not None:
             self._push(end, _STEP, (engine_index, engine.step_gen))
 
-    def _on_arrival(self, index: int) -> None:
+    def _arrive(self, index: int) -> SimRequest:
+        """Release trace request `index` now, as a SimRequest the engines serve."""
         tr: TraceRequest = self.trace.requests[index]
         self.release[index] = self.now
         req = SimRequest(
@@ -369,6 +370,10 @@ class Simulation:
             index=index,
         )
         self.sim_requests[index] = req
+        return req
+
+    def _on_arrival(self, index: int) -> None:
+        req = self._arrive(index)
         placement = self.driver.route(req)
         worker, decode_worker, mode = placement
         req.worker = worker
@@ -384,9 +389,9 @@ class Simulation:
         self.admissions[(mode, True, "ok")] += 1
         self.driver.admitted(req, mode, True, "ok")
         self.worker_requests[worker] += 1
-        if tr.session_id is not None:
+        if req.session_id is not None:
             home = decode_worker if decode_worker is not None else worker
-            self.session_workers.setdefault(tr.session_id, []).append(home)
+            self.session_workers.setdefault(req.session_id, []).append(home)
         if decode_worker is not None and decode_worker != worker:
             req.target_output = 1
             req.prefill_only = True
