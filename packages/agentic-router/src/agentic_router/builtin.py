@@ -141,6 +141,10 @@ class GatedSessionAffinity:
         self.min_cache_hit = min_cache_hit
         self.big_prefill = big_prefill
 
+    def gate_loads(self, ctx: ScoringContext) -> Sequence[float]:
+        """The per-candidate load the overload gate compares (subclasses narrow it)."""
+        return ctx.eff_num_requests
+
     def score(self, ctx: ScoringContext) -> Sequence[float]:
         zeros = [0.0] * len(ctx.candidates)
         home = ctx.home
@@ -151,7 +155,7 @@ class GatedSessionAffinity:
         if i is None:
             ctx.notes["reason"] = "home-unavailable"
             return zeros
-        loads = ctx.eff_num_requests
+        loads = self.gate_loads(ctx)
         mean = sum(loads) / len(loads)
         req = ctx.request
         if loads[i] > self.overload_factor * max(mean, 1.0):

@@ -163,33 +163,5 @@ class PrefillGatedAffinity(GatedSessionAffinity):
         "min_cache_hit, or it is mid-big-prefill/stalled"
     )
 
-    def score(self, ctx: ScoringContext) -> list[float]:
-        zeros = [0.0] * len(ctx.candidates)
-        home = ctx.home
-        if home is None:
-            ctx.notes["reason"] = "new-session"
-            return zeros
-        i = ctx.index_of(home)
-        if i is None:
-            ctx.notes["reason"] = "home-unavailable"
-            return zeros
-        loads = [max(0, s.eff_num_requests - s.eff_num_decoding) for s in ctx.states]
-        mean = sum(loads) / len(loads)
-        req = ctx.request
-        if loads[i] > self.overload_factor * max(mean, 1.0):
-            ctx.notes["reason"] = "home-overloaded"
-            zeros[i] = 1.0
-            return zeros
-        if is_big_prefill(ctx.states[i], self.big_prefill):
-            ctx.notes["reason"] = "home-big-prefill"
-            return zeros
-        if (
-            req.block_hashes
-            and req.prompt_tokens > 0
-            and ctx.cached_tokens[i] / req.prompt_tokens < self.min_cache_hit
-        ):
-            ctx.notes["reason"] = "home-low-cache"
-            return zeros
-        ctx.notes["reason"] = "home"
-        zeros[i] = -1.0
-        return zeros
+    def gate_loads(self, ctx: ScoringContext) -> list[float]:
+        return [max(0, s.eff_num_requests - s.eff_num_decoding) for s in ctx.states]
