@@ -185,13 +185,15 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                     state: dict[str, Any] = await resp.json()
                     return state["router"]["both"]["workers"][0]  # type: ignore[no-any-return]
 
-            body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400,
+            # Long enough (seconds of decoding on CPU) that a loaded machine's
+            # scheduling gaps cannot hide the running request from every poll.
+            body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1500,
                     "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
             resp = await s.post(r.url + "/v1/completions", json=body)
             assert resp.status == 200
             await resp.content.readuntil(b"\n\n")
             seen: dict[str, Any] | None = None
-            for _ in range(500):  # the feed runs at 20 ms; give it up to ~10 s
+            for _ in range(1500):  # the feed runs at 20 ms; give it up to ~30 s
                 w = await worker_state()
                 if w["real"] is not None and w["real"]["num_running"] == 1:
                     seen = w
