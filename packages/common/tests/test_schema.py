@@ -23,6 +23,9 @@ def valid_states(draw: st.DrawFn) -> EngineState:
     running = draw(st.integers(min_value=0, max_value=10_000))
     waiting = draw(st.integers(min_value=0, max_value=10_000))
     max_rem = draw(counts)
+    running_prefill = max_rem + draw(counts)
+    queued_prefill = draw(counts)
+    cache_aware = draw(st.booleans())  # else an older publisher's snapshot (no split)
     return EngineState(
         engine_id=draw(st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")),
         ts=draw(times),
@@ -33,13 +36,16 @@ def valid_states(draw: st.DrawFn) -> EngineState:
         gpu_blocks_total=total,
         gpu_blocks_free=free,
         gpu_kv_used_frac=kv_used_frac(total, free),
-        pending_prefill_tokens=max_rem + draw(counts),
+        pending_prefill_tokens=running_prefill + queued_prefill,
         num_decoding=draw(st.integers(min_value=0, max_value=running)),
         ongoing_decode_tokens=draw(counts),
         num_prefilling=draw(st.integers(min_value=0, max_value=running + waiting)),
         num_remote_prefill=draw(st.integers(min_value=0, max_value=waiting)),
         last_step_ts=draw(times),
         max_prefill_remaining=max_rem,
+        running_prefill_tokens=running_prefill if cache_aware else None,
+        queued_prefill_tokens=queued_prefill if cache_aware else None,
+        block_size=draw(st.none() | st.integers(min_value=1, max_value=2048)),
     )
 
 
@@ -151,3 +157,61 @@ def test_wire_format_is_compact_json_not_pickle() -> None:
 )
 def test_kv_used_frac(total: int, free: int, expected: float) -> None:
     assert kv_used_frac(total, free) == expected
+
+
+# ---- the cache-aware backlog (optional fields of schema 1) ----
+
+
+def test_a_snapshot_without_the_split_reads_as_an_older_publisher() -> None:
+    legacy = make_state(running_prefill_tokens=None, queued_prefill_tokens=None, block_size=None)
+    obj = json.loads(legacy.to_json())
+    for name in ("running_prefill_tokens", "queued_prefill_tokens", "block_size"):
+        del obj[name]  # what a publisher from before these fields wrote
+    decoded = EngineState.from_json(json.dumps(obj))
+    assert decoded == legacy
+    assert not decoded.is_cache_aware
+    assert decoded.kv_capacity_tokens is None
+
+
+def test_the_split_adds_up_to_the_backlog_and_bounds_the_stall_predictor() -> None:
+    state = make_state(
+        pending_prefill_tokens=9000,
+        running_prefill_tokens=4000,
+        queued_prefill_tokens=5000,
+        max_prefill_remaining=3000,
+        gpu_blocks_total=1000,
+        gpu_blocks_free=10,
+        block_size=16,
+    )
+    assert state.is_cache_aware
+    assert state.kv_capacity_tokens == 16_000
+    assert EngineState.from_json(state.to_json()) == state
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"running_prefill_tokens": 4000, "queued_prefill_tokens": 999}, DropReason.IMPOSSIBLE),
+        ({"running_prefill_tokens": 1000, "queued_prefill_tokens": 4000}, DropReason.IMPOSSIBLE),
+        ({"running_prefill_tokens": 5000, "queued_prefill_tokens": None}, DropReason.MALFORMED),
+        ({"running_prefill_tokens": -1, "queued_prefill_tokens": 5001}, DropReason.IMPOSSIBLE),
+        ({"block_size": 0}, DropReason.IMPOSSIBLE),
+        ({"block_size": -16}, DropReason.IMPOSSIBLE),
+    ],
+)
+def test_an_inconsistent_split_is_dropped(overrides: dict[str, Any], reason: str) -> None:
+    # make_state's backlog: 5000 pending, the largest (started) prefill 4000.
+    obj = json.loads(make_state().to_json())
+    obj.update(overrides)
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(json.dumps(obj))
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("value", [True, 1.5, "16", [16]])
+def test_an_optional_field_of_the_wrong_type_is_malformed(value: Any) -> None:
+    obj = json.loads(make_state().to_json())
+    obj["block_size"] = value
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(json.dumps(obj))
+    assert info.value.reason == DropReason.MALFORMED

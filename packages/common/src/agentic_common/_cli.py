@@ -35,6 +35,7 @@ _COLUMNS = (
     ("wait", 4),
     ("prefill", 7),
     ("pend tok", 9),
+    ("queued", 8),
     ("max rem", 8),
     ("decode", 6),
     ("dec tok", 8),
@@ -56,6 +57,7 @@ def _row(item: Inspection) -> list[str]:
         str(s.num_waiting),
         str(s.num_prefilling),
         str(s.pending_prefill_tokens),
+        "-" if s.queued_prefill_tokens is None else str(s.queued_prefill_tokens),
         str(s.max_prefill_remaining),
         str(s.num_decoding),
         str(s.ongoing_decode_tokens),
@@ -140,6 +142,9 @@ def _demo_state(engine: int, seq: int, now: float, big_prefill_left: int) -> Eng
         num_remote_prefill=0,
         last_step_ts=now,
         max_prefill_remaining=max_rem,
+        running_prefill_tokens=pending,  # every prefill here has started
+        queued_prefill_tokens=0,
+        block_size=16,
     )
 
 

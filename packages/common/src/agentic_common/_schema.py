@@ -1,5 +1,22 @@
 """The engine-state schema (version 1): one JSON object per engine.
 
+Schema 1 grows only by optional fields, so every router in the field keeps
+reading what every engine publishes (a reader ignores keys it does not know;
+a version bump would make every deployed router drop new engines' snapshots
+as `unknown_schema` during a rolling upgrade). The optional fields, and what
+their absence means:
+
+- `running_prefill_tokens`, `queued_prefill_tokens` (added with the
+  cache-aware backlog): the backlog split into prefills the engine has
+  started and queued requests, each credited with its prefix-cache hit. When
+  they are present, `pending_prefill_tokens` is their sum and
+  `max_prefill_remaining` covers started prefills only. When they are absent
+  (an older publisher), `pending_prefill_tokens` and `max_prefill_remaining`
+  also count a queued request's cached tokens as work: `is_cache_aware` is
+  False and a router must not read them as a stall or a backlog.
+- `block_size`: tokens per KV block, so `gpu_blocks_total * block_size` is
+  the engine's KV capacity in tokens.
+
 Owns the wire format and its validation. It must not know about transports,
 clocks other than the values it is given, or any engine: both the vLLM plugin
 and the router import it, so it stays dependency-free and cheap to import.
@@ -62,6 +79,8 @@ _INT_FIELDS: Final = (
     "max_prefill_remaining",
 )
 _FLOAT_FIELDS: Final = ("ts", "gpu_kv_used_frac", "last_step_ts")
+# Optional (see the module docstring): absent or null reads as None.
+_OPTIONAL_INT_FIELDS: Final = ("running_prefill_tokens", "queued_prefill_tokens", "block_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +108,22 @@ class EngineState:
     num_remote_prefill: int
     last_step_ts: float
     max_prefill_remaining: int
+    running_prefill_tokens: int | None = None
+    queued_prefill_tokens: int | None = None
+    block_size: int | None = None
     schema: int = SCHEMA_VERSION
+
+    @property
+    def is_cache_aware(self) -> bool:
+        """True when the backlog credits prefix-cache hits (the split fields are present)."""
+        return self.running_prefill_tokens is not None and self.queued_prefill_tokens is not None
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """The engine's KV capacity in tokens, when it reports its block size."""
+        if self.block_size is None:
+            return None
+        return self.gpu_blocks_total * self.block_size
 
     def check(self) -> EngineState:
         """Return self if every value is possible, else raise InvalidStateError."""
@@ -114,6 +148,27 @@ class EngineState:
             raise InvalidStateError(
                 DropReason.IMPOSSIBLE, "max_prefill_remaining > pending_prefill_tokens"
             )
+        for name in _OPTIONAL_INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
+        running, queued = self.running_prefill_tokens, self.queued_prefill_tokens
+        if (running is None) != (queued is None):
+            raise InvalidStateError(
+                DropReason.MALFORMED, "running_prefill_tokens and queued_prefill_tokens go together"
+            )
+        if running is not None and queued is not None:
+            if running + queued != self.pending_prefill_tokens:
+                raise InvalidStateError(
+                    DropReason.IMPOSSIBLE,
+                    "running_prefill_tokens + queued_prefill_tokens != pending_prefill_tokens",
+                )
+            if self.max_prefill_remaining > running:
+                raise InvalidStateError(
+                    DropReason.IMPOSSIBLE, "max_prefill_remaining > running_prefill_tokens"
+                )
+        if self.block_size == 0:
+            raise InvalidStateError(DropReason.IMPOSSIBLE, "block_size is 0")
         return self
 
     def to_json(self) -> bytes:
@@ -155,6 +210,13 @@ class EngineState:
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise InvalidStateError(DropReason.MALFORMED, f"{name} missing or not a number")
             values[name] = float(value)
+        for name in _OPTIONAL_INT_FIELDS:
+            value = obj.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidStateError(DropReason.MALFORMED, f"{name} is not an integer")
+            values[name] = value
         return cls(**values).check()
 
 

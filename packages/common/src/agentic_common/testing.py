@@ -24,7 +24,13 @@ from agentic_common._schema import EngineState
 
 
 def make_state(engine_id: str = "engine_0", **overrides: Any) -> EngineState:
-    """A valid, fresh EngineState of a moderately busy engine; override any field."""
+    """A valid, fresh EngineState of a moderately busy engine; override any field.
+
+    Unless the overrides name them, the cache-aware split is derived from the
+    others: the largest prefill is a started one (`running_prefill_tokens =
+    max_prefill_remaining`) and the rest of the backlog is queued. Pass
+    `running_prefill_tokens=None, queued_prefill_tokens=None` for a snapshot
+    of an older publisher (no split, `is_cache_aware` False)."""
     now = time.time()
     fields: dict[str, Any] = {
         "engine_id": engine_id,
@@ -43,8 +49,13 @@ def make_state(engine_id: str = "engine_0", **overrides: Any) -> EngineState:
         "num_remote_prefill": 0,
         "last_step_ts": now,
         "max_prefill_remaining": 4000,
+        "block_size": 16,
     }
     fields.update(overrides)
+    if "running_prefill_tokens" not in overrides and "queued_prefill_tokens" not in overrides:
+        running = fields["max_prefill_remaining"]
+        fields["running_prefill_tokens"] = running
+        fields["queued_prefill_tokens"] = max(0, fields["pending_prefill_tokens"] - running)
     return EngineState(**fields)
 
 
