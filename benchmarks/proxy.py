@@ -185,7 +185,7 @@ def main() -> int:
         urls: list[str] = json.loads(fakes.stdout.readline())["urls"]
         port = _free_port()
         router_url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "agentic_router._cli", "serve", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "agentic_router.cli", "serve", "--host", "127.0.0.1",
                "--port", str(port), "--policy", args.policy, "--health-check-interval-s", "0",
                "--metrics-reconcile-interval-s", "0", "--log-level", "warning",
                "--event-loop", args.event_loop]  # fmt: skip

@@ -10,13 +10,13 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_router.metrics import (
+from agentic_router.engine_metrics import (
     EngineMetrics,
-    MetricsReconciler,
     Sample,
     engine_metrics,
     parse_prometheus_text,
 )
+from agentic_router.feed import MetricsReconciler
 from agentic_router.pytest_plugin import ManualClock
 
 VLLM_METRICS = """\

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from agentic_router import hookspecs
-from agentic_router._cli import main
 from agentic_router.builtin import BUILTIN_POLICIES
-from agentic_router.core import RouterConfig
+from agentic_router.cli import main
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import Components, make_plugin_manager
-from agentic_router.policy import PolicySpec, RouterEvent
+from agentic_router.policy import PolicySpec
+from agentic_router.types import RouterConfig, RouterEvent
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,7 +46,7 @@ def test_builtins_register_through_the_public_hooks() -> None:
     assert set(BUILTIN_POLICIES) <= set(comp.policies)
     assert {comp.origin[f"policy:{p}"] for p in BUILTIN_POLICIES} == {"builtin"}
     impls = {i.plugin_name for i in pm.hook.agentic_router_policies.get_hookimpls()}
-    assert impls == {"builtin", "pd"}  # pd: kv_aware and unified_v3 (agentic_router.pd)
+    assert impls == {"builtin", "pd"}  # pd: kv_aware and unified_v3 (agentic_router.migration)
 
 
 class Exploding:

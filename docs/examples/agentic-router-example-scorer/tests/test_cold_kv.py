@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import agentic_router_example_scorer as plugin
 
-from agentic_router.core import RouterConfig
 from agentic_router.plugins import describe, make_plugin_manager
+from agentic_router.types import RouterConfig
 
 
 def test_prefers_the_worker_with_free_kv(make_router, make_request, make_engine_state) -> None:

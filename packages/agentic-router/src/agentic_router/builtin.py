@@ -15,14 +15,12 @@ Must not keep global state: everything stateful is created per Router.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from agentic_router.hookspecs import hookimpl
 from agentic_router.instance import InstanceState
 from agentic_router.policy import Filter, PolicySpec, Scorer, ScoringContext
-
-if TYPE_CHECKING:
-    from agentic_router.core import RouterConfig
+from agentic_router.types import RouterConfig
 
 AVOID_PENALTY: Final = 1e12
 AFFINITY_WEIGHT: Final = 1e13

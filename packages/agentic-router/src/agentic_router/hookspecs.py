@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from agentic_router.core import Decision, Router, RouterConfig, RoutingRequest
-    from agentic_router.policy import Filter, PolicySpec, RouterEvent, Scorer
+    from agentic_router.decision import Decision
+    from agentic_router.policy import Filter, PolicySpec, RouterView, Scorer
+    from agentic_router.types import RouterConfig, RouterEvent, RoutingRequest
 
 PROJECT = "agentic_router"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -79,7 +80,9 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
 
 
 @hookspec
-def agentic_router_decision(router: Router, request: RoutingRequest, decision: Decision) -> None:
+def agentic_router_decision(
+    router: RouterView, request: RoutingRequest, decision: Decision
+) -> None:
     """Observe a routing decision (logging, metrics, learning).
 
     When: after every ``Router.decide``, before it returns, synchronously.
@@ -93,7 +96,7 @@ def agentic_router_decision(router: Router, request: RoutingRequest, decision: D
 
 
 @hookspec
-def agentic_router_event(router: Router, event: RouterEvent) -> None:
+def agentic_router_event(router: RouterView, event: RouterEvent) -> None:
     """Observe a sequence-state event or a feedback report.
 
     When: after the write model applied ``add_request`` (kind ``"add"``),

@@ -1,12 +1,12 @@
 """InstanceState: one worker's shadow load joined with its latest real EngineState.
 
-The effective-state rule (DESIGN §3): every load quantity reads
+The effective-state rule (docs/state.md): every load quantity reads
 `eff = max(shadow, real)` while the real snapshot is fresh (age <= max_age),
 and `shadow` alone otherwise. Real-only signals (`r_max_prefill_remaining`,
 `r_kv_used_frac`, `r_num_prefilling`) are None when stale; every policy handles
 None.
 
-Stall rule (DESIGN §4): the engine's publisher shares the engine's interpreter
+Stall rule (docs/state.md): the engine's publisher shares the engine's interpreter
 lock, so a big prefill can silence it exactly when it matters. A worker whose
 last snapshot showed `max_prefill_remaining >= big_prefill_threshold` and
 whose feed then went stale reads as `stalled` for up to `stall_hold_s`; so does
@@ -20,19 +20,11 @@ never pins live state. This module must not mutate anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from agentic_common import EngineState
 from agentic_router.state import WorkerLoad
-
-
-@dataclass(frozen=True, slots=True)
-class RealStateRules:
-    max_age_s: float = 0.5
-    big_prefill_threshold: int = 32768
-    stall_hold_s: float = 30.0
-    step_stall_s: float = 5.0
+from agentic_router.types import RealStateRules
 
 
 class InstanceState:

@@ -19,15 +19,14 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pluggy
 
 from agentic_router import builtin, hookspecs
-from agentic_router.policy import DecodeSelector, Filter, PolicySpec, Scorer
-
-if TYPE_CHECKING:
-    from agentic_router.core import RouterConfig
+from agentic_router.migration import _plugin as migration_plugin
+from agentic_router.policy import TIE_FEATURES, DecodeSelector, Filter, PolicySpec, Scorer
+from agentic_router.types import RouterConfig
 
 log = logging.getLogger("agentic_router.plugins")
 
@@ -57,7 +56,8 @@ def make_plugin_manager(
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name=BUILTIN_NAME)
-    pm.register(importlib.import_module("agentic_router.pd._plugin"), name="pd")  # kv_aware, v3
+    # kv_aware and unified_v3 (registered as "pd", the name it has always had)
+    pm.register(migration_plugin, name="pd")
     failed: dict[str, str] = {}
     skipped: list[str] = []
     if load_entry_points:
@@ -123,8 +123,6 @@ class Components:
         return comp
 
     def check_policy(self, spec: PolicySpec) -> None:
-        from agentic_router.policy import TIE_FEATURES
-
         for name, weight in spec.scorers:
             if name not in self.scorers:
                 raise ValueError(f"policy {spec.name!r} uses unknown scorer {name!r}")

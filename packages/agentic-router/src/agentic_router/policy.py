@@ -9,21 +9,23 @@ features and finally by rotation (worker index offset by the decision
 number), so ties never all land on worker 0 and the outcome is deterministic.
 
 This module defines shapes only; the built-in implementations live in
-`agentic_router.builtin`, the driver in `agentic_router.core`.
+`agentic_router.builtin`, the driver in `agentic_router.router`. Hooks that
+are handed the Router see it through `RouterView`, so nothing here (or in a
+plugin) needs the facade itself.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentic_router.instance import InstanceState
+from agentic_router.types import Clock, RouterConfig, RoutingRequest
 
 if TYPE_CHECKING:
-    from agentic_router.core import RouterConfig, RoutingRequest
     from agentic_router.state import PromptRegistry
 
 
@@ -72,16 +74,31 @@ class PolicySpec:
     decode_selector: Callable[[RouterConfig], DecodeSelector] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RouterEvent:
-    """What observers see after an event was applied (see hook agentic_router_event)."""
+class RouterView(Protocol):
+    """What a hook implementation may read of the Router that calls it."""
 
-    kind: str  # "add" | "prefill_completed" | "free" | any Router.notify kind
-    request_id: str | None
-    worker: int | None
-    session_id: str | None
-    ts: float
-    payload: Mapping[str, Any] = field(default_factory=dict)
+    config: RouterConfig
+    clock: Clock
+    num_workers: int
+
+    @property
+    def policy(self) -> str:
+        """The name of the policy the Router decides with."""
+        ...
+
+    def scorer(self, name: str) -> Scorer | None:
+        """This Router's own instance of a registered scorer (stateful scorers keep
+        per-Router state), or None."""
+        ...
+
+    @property
+    def decode_selector(self) -> DecodeSelector | None:
+        """This Router's decode-worker selector (Mechanism B policies), or None."""
+        ...
+
+    def instance_state(self, worker: int) -> InstanceState:
+        """One worker's shadow and real state now."""
+        ...
 
 
 TIE_FEATURES = (

@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 
 from agentic_common import EngineState, kv_used_frac
-from agentic_router.core import Router, RouterConfig, RoutingRequest
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_tokens
+from agentic_router.router import Router
+from agentic_router.types import RouterConfig, RoutingRequest
 
 
 class ManualClock:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentic_router._cli import main
+from agentic_router.cli import main
 
 
 def test_thrash_table(capsys: pytest.CaptureFixture[str]) -> None:

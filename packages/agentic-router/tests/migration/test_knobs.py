@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from agentic_router import Router, RouterConfig
-from agentic_router.pd import KNOBS, MigrationSettings, add_arguments, extra_from_args
-from agentic_router.pd import settings_from as settings
+from agentic_router.migration import KNOBS, MigrationSettings, add_arguments, extra_from_args
+from agentic_router.migration import settings_from as settings
 
 
 def test_defaults_are_documented_and_match() -> None:

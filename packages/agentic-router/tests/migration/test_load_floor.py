@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from agentic_router import Router, RouterConfig, RoutingRequest
-from agentic_router.pd import DIRECT
+from agentic_router.migration import DIRECT
 
 BS = 64
 BOILERPLATE = list(range(1, 129))  # 8k tokens every session shares

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentic_router import Router, RouterConfig, RoutingRequest
-from agentic_router.pd import UnifiedV3Selector, thrash_metrics
+from agentic_router.migration import UnifiedV3Selector, thrash_metrics
 
 BS = 64
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentic_router import Router, RouterConfig, RoutingRequest
-from agentic_router.pd import DIRECT, KvAwareScorer, thrash_metrics
+from agentic_router.migration import DIRECT, KvAwareScorer, thrash_metrics
 
 BS = 64
 

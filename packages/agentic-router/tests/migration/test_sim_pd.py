@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentic_router.pd import AdmissionReason
+from agentic_router.migration import AdmissionReason
 from agentic_router.sim import (
     AgenticParams,
     EngineConfig,

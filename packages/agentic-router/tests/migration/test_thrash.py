@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentic_router.pd._scenario import run_thrash
+from agentic_router.sim._thrash import run_thrash
 
 
 @pytest.mark.parametrize("seed", range(5))

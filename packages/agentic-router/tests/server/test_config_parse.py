@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_router._cli import build_parser
+from agentic_router.cli import build_parser
 from agentic_router.server import ConfigError, ServerConfig, load_config
 from agentic_router.server._config import add_arguments
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentic_router.server._app import Deadline
+from agentic_router.server._upstream import Deadline
 
 from .conftest import run
 

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from agentic_router._cli import main
 from agentic_router._logs import REQUEST_OUTCOMES, read_jsonl
+from agentic_router.cli import main
+from agentic_router.cli.analyze import analyze_dir
 from agentic_router.server import ServerConfig
 from agentic_router.server.testing import FakeEngine, running_router
 from agentic_router.sim import AgenticParams, Trace, generate_agentic, write_mooncake
 from agentic_router.sim._bench import BenchConfig, BenchRunner, PromptSynth
 from agentic_router.sim._trace import iter_sessions
-from agentic_router.sim.cli_analyze import analyze_dir
 
 FIRST_TOKEN_DELAY_S = 0.02
 TTFT_SLACK_S = 0.05

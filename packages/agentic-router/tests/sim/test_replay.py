@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_router._cli import main
+from agentic_router.cli import main
+from agentic_router.cli.analyze import analyze_dir
 from agentic_router.sim import (
     AgenticParams,
     EngineConfig,
@@ -25,7 +26,6 @@ from agentic_router.sim import (
 )
 from agentic_router.sim._report import records_from_run, summarise_run
 from agentic_router.sim._trace import bundled_trace, read_mooncake
-from agentic_router.sim.cli_analyze import analyze_dir
 
 DATA = Path(__file__).parent / "data"
 
@@ -285,7 +285,7 @@ def test_without_matplotlib_plots_are_skipped_with_a_hint(
 
 
 def test_mechanism_b_moves_the_decode_and_the_kv(agentic: Trace) -> None:
-    pytest.importorskip("agentic_router.pd", reason="unified_v3 is not installed")
+    pytest.importorskip("agentic_router.migration", reason="unified_v3 is not installed")
     cfg = SimConfig(policy="unified_v3", engine_state=True, topology=Topology.parse("4"))
     run = run_one(agentic, cfg)
     summary = summarise_run(run)

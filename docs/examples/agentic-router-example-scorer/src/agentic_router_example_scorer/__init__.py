@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentic_router.core import RouterConfig
 from agentic_router.hookspecs import hookimpl
 from agentic_router.policy import PolicySpec, Scorer, ScoringContext
+from agentic_router.types import RouterConfig
 
 DEFAULT_WEIGHT = 2000.0
 

@@ -299,9 +299,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help=help_text,
                 metavar=f.name.upper(),
             )
-    # kv_aware / unified_v3 knobs (--migration-rule ...; declared in agentic_router.pd._knobs,
-    # env twins AGENTIC_MIGRATION_RULE ... read there); they reach RouterConfig.extra
-    from agentic_router.pd._knobs import add_arguments as add_pd_knobs
+    # kv_aware / unified_v3 knobs (--migration-rule ...; declared in
+    # agentic_router.migration._knobs, env twins AGENTIC_MIGRATION_RULE ... read there);
+    # they reach RouterConfig.extra
+    from agentic_router.migration._knobs import add_arguments as add_pd_knobs
 
     add_pd_knobs(parser)
 
@@ -386,7 +387,7 @@ def load_config(
         if choices and f.name in values and values[f.name] not in choices:
             raise ConfigError(f"{f.name} must be one of {', '.join(choices)}")
     if args is not None:  # pd knobs given as flags become router options (beat their env twins)
-        from agentic_router.pd._knobs import extra_from_args
+        from agentic_router.migration._knobs import extra_from_args
 
         try:
             pd_knobs = extra_from_args(args)

@@ -8,8 +8,9 @@ D) and the policies pick within a pool. The proxy addresses engines by a
 global slot (prefill engines first, then decode); this class maps slots to
 (pool, worker) and never decides anything itself: `decide` is the Router's.
 
-Also owns starting/stopping the feed (StateFeed) or, feed off, the /metrics
-reconcile (MetricsReconciler), and the routing numbers exported on /metrics.
+Also owns starting/stopping each pool's feed (`agentic_router.feed`: the
+StateFeed or, feed off, the /metrics reconcile), and the routing numbers
+exported on /metrics.
 """
 
 from __future__ import annotations
@@ -18,22 +19,18 @@ import dataclasses
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agentic_router.core import (
-    Decision,
-    Router,
-    RouterConfig,
-    RoutingRequest,
-    build_routing_request,
-)
+from agentic_router.decision import Decision
+from agentic_router.feed import Feed, MetricsReconciler, StateFeed
+from agentic_router.migration import thrash_metrics
 from agentic_router.plugins import make_plugin_manager
+from agentic_router.request import build_routing_request
+from agentic_router.router import Router
 from agentic_router.server._config import ConfigError, ServerConfig
-from agentic_router.server._metrics import Family
+from agentic_router.server._exposition import Family
 from agentic_router.server._parse import ParsedRequest
-
-if TYPE_CHECKING:
-    from agentic_router.server._app import Endpoint
+from agentic_router.types import RouterConfig, RoutingRequest
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -82,7 +79,7 @@ class Pool:
     router: Router
     offset: int  # global slot of this pool's worker 0
     size: int
-    feed: Any = None  # StateFeed or MetricsReconciler while running
+    feed: Feed | None = None  # while running
 
 
 class RoutingCore:
@@ -163,11 +160,14 @@ class RoutingCore:
             return None
         if pool.offset == 0:
             return decision
+        off = pool.offset
         decode = decision.decode_worker  # a worker of the same pool (Mechanism B)
+        home = decision.home
         return dataclasses.replace(
             decision,
-            worker=decision.worker + pool.offset,
-            decode_worker=None if decode is None else decode + pool.offset,
+            worker=decision.worker + off,
+            decode_worker=None if decode is None else decode + off,
+            home=None if home is None else home + off,
         )
 
     def add_request(
@@ -204,22 +204,20 @@ class RoutingCore:
     # ---- background loops ----
 
     async def start(self) -> None:
-        from agentic_router.metrics import MetricsReconciler
-
         for pool in self.pools.values():
+            feed: Feed | None = None
             if self.config.engine_state_uri:
-                from agentic_router.feed import StateFeed
-
-                pool.feed = StateFeed(pool.router, self.config.engine_state_uri)
-                pool.feed.start()
+                feed = StateFeed(pool.router, self.config.engine_state_uri)
             elif self.config.metrics_reconcile_interval_s > 0:
                 specs = self._specs(pool)
-                pool.feed = MetricsReconciler(
+                feed = MetricsReconciler(
                     pool.router,
                     [s.url + "/metrics" for s in specs],
                     timeout_s=self.config.health_check_timeout_s,
                 )
-                pool.feed.start()
+            if feed is not None:
+                feed.start()
+                pool.feed = feed
 
     async def stop(self) -> None:
         for pool in self.pools.values():
@@ -237,22 +235,13 @@ class RoutingCore:
         return {role: pool.router.snapshot() for role, pool in self.pools.items()}
 
     def feed_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for role, pool in self.pools.items():
-            feed = pool.feed
-            if feed is None:
-                out[role] = {"mode": "off"}
-            elif hasattr(feed, "stats") and callable(feed.stats):
-                out[role] = {"mode": "state-feed", **feed.stats()}
-            else:
-                out[role] = {
-                    "mode": "metrics-reconcile",
-                    "scrapes": feed.stats.scrapes,
-                    "failures": dict(feed.stats.failures),
-                }
-        return out
+        return {
+            role: {"mode": "off"} if pool.feed is None else pool.feed.status()
+            for role, pool in self.pools.items()
+        }
 
-    def metric_families(self, endpoints: Sequence[Endpoint]) -> list[Family]:
+    def metric_families(self, engine_ids: Sequence[str]) -> list[Family]:
+        """The routing gauges and counters; `engine_ids[slot]` names each engine."""
         load = Family(
             "agentic_router_worker_effective_load",
             "gauge",
@@ -295,10 +284,9 @@ class RoutingCore:
             "duplicate / unknown events and reconciled frees in the shadow accounting",
             ("pool", "kind"),
         )
-        for ep in endpoints:
-            pool = self._slot_pool[ep.slot]
-            st = pool.router.instance_state(ep.slot - pool.offset)
-            name = ep.spec.engine_id
+        for slot, name in enumerate(engine_ids):
+            pool = self._slot_pool[slot]
+            st = pool.router.instance_state(slot - pool.offset)
             load.set(name, "num_requests", value=float(st.eff_num_requests))
             load.set(name, "pending_prefill_tokens", value=float(st.eff_pending_prefill))
             load.set(name, "ongoing_decode_tokens", value=float(st.eff_ongoing_decode))
@@ -309,7 +297,7 @@ class RoutingCore:
         thrash = self._thrash_families()
         for role, pool in self.pools.items():
             f = pool.feed
-            if f is not None and hasattr(f, "drops"):
+            if f is not None:
                 for reason, n in f.drops.items():
                     drops.set(role, reason, value=float(n))
             for result, n in pool.router.feed_counts.items():
@@ -321,8 +309,6 @@ class RoutingCore:
     def _thrash_families(self) -> list[Family]:
         """The thrash guards of session migration (kv_aware) and Mechanism B
         (unified_v3), per pool; none when no pool's policy keeps them."""
-        from agentic_router.pd import thrash_metrics
-
         moves = Family(
             "agentic_router_policy_migrations_total",
             "counter",

@@ -24,26 +24,24 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentic_common import EngineState
+from agentic_router._logs import JsonlLogs
+from agentic_router.engine_metrics import EngineMetrics
+from agentic_router.plugins import make_plugin_manager
+from agentic_router.router import Router
+from agentic_router.sim._config import SimConfig
 from agentic_router.sim._engine import EngineMetricsSample, SimRequest
-
-if TYPE_CHECKING:
-    from agentic_router._logs import JsonlLogs
-    from agentic_router.core import Router
-    from agentic_router.sim._sim import SimConfig, Simulation
+from agentic_router.types import Clock, RouterConfig, RoutingRequest
 
 AGGREGATED = "aggregated"
 PD = "pd"
 
 
 class RouterDriver:
-    def __init__(self, sim: Simulation, config: SimConfig) -> None:
-        from agentic_router.core import Router, RouterConfig
-        from agentic_router.plugins import make_plugin_manager
-
-        self.sim = sim
+    def __init__(self, config: SimConfig, clock: Clock, block_size: int) -> None:
+        self.block_size = block_size
         topo = config.topology
         options = dict(config.router_options)
         decode_policy = str(options.pop("decode_policy", config.policy))
@@ -55,7 +53,6 @@ class RouterDriver:
             **options,
         )
         pm = make_plugin_manager()
-        clock = sim.clock
         self.pd = topo.disaggregated
         self.names = topo.names
         if self.pd:
@@ -82,27 +79,26 @@ class RouterDriver:
             self.decode = None
         self.logs: JsonlLogs | None = None
         if config.log_dir is not None:
-            from agentic_router._logs import JsonlLogs
-
             self.logs = JsonlLogs(config.log_dir, clock=clock, background=False)
         self.decode_decisions = 0
         self._p_done: set[str] = set()
 
     # -- routing ---------------------------------------------------------------------------
 
-    def route(self, req: SimRequest) -> tuple[int, int | None, str]:
-        """Decide and reserve (AddRequest) like the proxy; return global
-        (prefill/aggregated engine, decode engine or None, mode)."""
-        from agentic_router.core import RoutingRequest
-
-        rr = RoutingRequest(
+    def routing_request(self, req: SimRequest) -> RoutingRequest:
+        return RoutingRequest(
             request_id=req.request_id,
             session_id=req.session_id,
             prompt_tokens=req.prompt_tokens,
             block_hashes=req.block_hashes,
-            block_size=self.sim.trace.block_size,
+            block_size=self.block_size,
             max_tokens=req.output_tokens,
         )
+
+    def route(self, req: SimRequest) -> tuple[int, int | None, str]:
+        """Decide and reserve (AddRequest) like the proxy; return global
+        (prefill/aggregated engine, decode engine or None, mode)."""
+        rr = self.routing_request(req)
         decode: int | None = None
         if self.pd:
             assert self.decode is not None
@@ -210,8 +206,6 @@ class RouterDriver:
         self.decode.apply_engine_states({k: v for k, v in states.items() if k not in p_names})
 
     def reconcile(self, engine: int, sample: EngineMetricsSample) -> None:
-        from agentic_router.metrics import EngineMetrics
-
         metrics = EngineMetrics(
             num_running=sample.num_running,
             num_waiting=sample.num_waiting,

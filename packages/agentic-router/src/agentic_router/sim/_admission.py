@@ -8,7 +8,7 @@ prefill engine and a KV transfer. A P/D router that keeps sessions resident on
 decode engines (policy `kv_aware`) may instead send a session's next turn
 straight to its decode engine ("direct-to-D"): D prefills the small append
 itself from its prefix cache. D decides whether it admits that, with a typed
-reason (`agentic_router.pd.AdmissionReason`), and this module is that
+reason (`agentic_router.migration.AdmissionReason`), and this module is that
 engine-side decision (`AdmissionModel.check`) plus the event-loop path that
 acts on it (`PDSimulation`):
 
@@ -41,15 +41,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from agentic_router.pd._admission import DIRECT, VIA_PREFILL, AdmissionReason
+from agentic_router.migration.admission import DIRECT, VIA_PREFILL, AdmissionReason
 from agentic_router.sim._adapter import RouterDriver
+from agentic_router.sim._config import RunResult, SimConfig
 from agentic_router.sim._engine import SimEngine, SimRequest
 from agentic_router.sim._model import blocks_for
-from agentic_router.sim._sim import RunResult, SimConfig, Simulation
+from agentic_router.sim._sim import Simulation
 
 if TYPE_CHECKING:
-    from agentic_router.core import Decision, RoutingRequest
+    from agentic_router.decision import Decision
     from agentic_router.sim._trace import Trace
+    from agentic_router.types import Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,22 +122,10 @@ class AdmissionModel:
 class PDRouterDriver(RouterDriver):
     """The base driver plus the direct-to-D path (reservations only where made)."""
 
-    def __init__(self, sim: Simulation, config: SimConfig) -> None:
-        super().__init__(sim, config)
+    def __init__(self, config: SimConfig, clock: Clock, block_size: int) -> None:
+        super().__init__(config, clock, block_size)
         self._open_p: set[str] = set()  # requests holding a prefill reservation
         self.direct: set[str] = set()  # requests served direct-to-D
-
-    def routing_request(self, req: SimRequest) -> RoutingRequest:
-        from agentic_router.core import RoutingRequest
-
-        return RoutingRequest(
-            request_id=req.request_id,
-            session_id=req.session_id,
-            prompt_tokens=req.prompt_tokens,
-            block_hashes=req.block_hashes,
-            block_size=self.sim.trace.block_size,
-            max_tokens=req.output_tokens,
-        )
 
     def decide_decode(self, req: SimRequest) -> Decision:
         assert self.decode is not None
@@ -216,7 +206,7 @@ class PDSimulation(Simulation):
     ) -> None:
         super().__init__(trace, config, progress=progress)
         self.driver.close()
-        self.driver = PDRouterDriver(self, config)
+        self.driver = PDRouterDriver(config, self.clock, trace.block_size)
         self.pd_driver = self.driver
         self.admission = admission or AdmissionModel()
         self.pd_counts: Counter[str] = Counter()
@@ -291,7 +281,7 @@ class PDSimulation(Simulation):
         return result
 
     def pd_summary(self) -> dict[str, Any]:
-        from agentic_router.pd import thrash_metrics
+        from agentic_router.migration import thrash_metrics
 
         c = self.pd_counts
         out: dict[str, Any] = {

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agentic_router.sim._sim import RunResult
+from agentic_router.sim._config import RunResult
 
 
 @dataclass(slots=True)

@@ -28,13 +28,12 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from agentic_common import DropReason, EngineState
+from agentic_router.sim._adapter import RouterDriver
+from agentic_router.sim._config import RunResult, SimConfig
 from agentic_router.sim._engine import SimEngine, SimRequest
-from agentic_router.sim._model import EngineConfig
 from agentic_router.sim._trace import Trace, TraceRequest
 
 # event kinds, in tie-break order at equal times: finish steps before new arrivals
@@ -45,113 +44,6 @@ _POLL: Final = 3
 _RECONCILE: Final = 4
 _ARRIVE: Final = 5
 _SAMPLE: Final = 6
-
-#: DESIGN §1/§4 (the project's own observation, no published figure): a very large
-#: prefill holds the engine's Python thread, so the state publisher cannot run. We
-#: take "very large" as a step whose prefill part lasts 1 s or more, i.e. a chunk
-#: of 8192 tokens attending over about 60k tokens of context on the default profile.
-DEFAULT_PUBLISHER_STALL_S: Final = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Topology:
-    """Aggregated (`8`: eight engines that prefill and decode) or disaggregated
-    (`1P3D`: one prefill engine, three decode engines)."""
-
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, spec: str) -> Topology:
-        s = spec.strip().upper()
-        try:
-            if s.isdigit():
-                n = int(s)
-                if n < 1:
-                    raise ValueError
-                return cls((), tuple(f"engine_{i}" for i in range(n)))
-            if s.endswith("D") and "P" in s:
-                p_str, d_str = s[:-1].split("P", 1)
-                p, d = int(p_str), int(d_str)
-                if p < 1 or d < 1:
-                    raise ValueError
-                return cls(
-                    tuple(f"engine_{i}" for i in range(p)),
-                    tuple(f"engine_{p + i}" for i in range(d)),
-                )
-        except ValueError:
-            pass
-        raise ValueError(f"bad topology {spec!r}: use N (aggregated, e.g. 8) or xPyD (e.g. 1P3D)")
-
-    @property
-    def disaggregated(self) -> bool:
-        return bool(self.prefill)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.prefill + self.decode
-
-    def __str__(self) -> str:
-        if self.disaggregated:
-            return f"{len(self.prefill)}P{len(self.decode)}D"
-        return str(len(self.decode))
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """One replay: a policy, a feed setting, a topology, engines and a seed."""
-
-    policy: str
-    engine_state: bool
-    topology: Topology = field(default_factory=lambda: Topology.parse("8"))
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    seed: int = 0
-    #: router poll rate of the feed (DESIGN §3: ~20 Hz).
-    feed_hz: float = 20.0
-    #: snapshots older than this are dropped (agentic_common Freshness default).
-    max_age_s: float = 0.5
-    #: feed-off reconcile period (one production router scrapes every 30 s; DESIGN §1).
-    reconcile_period_s: float = 30.0
-    #: a step whose prefill part is at least this long blocks the publisher
-    #: (it shares the engine's interpreter lock; DESIGN §4). None disables it.
-    publisher_stall_s: float | None = DEFAULT_PUBLISHER_STALL_S
-    #: how often per-engine load is sampled for the load-over-time plot.
-    sample_period_s: float = 1.0
-    #: divide trace timestamps and think times by this (2.0 = twice the rate).
-    speedup: float = 1.0
-    log_dir: Path | None = None
-    router_options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.policy}/es{int(self.engine_state)}"
-
-
-@dataclass(slots=True)
-class RunResult:
-    """Everything one replay measured (summarised by `summarise`)."""
-
-    config: SimConfig
-    trace_name: str
-    requests: list[SimRequest]
-    release: list[float]
-    errors: Counter[str]
-    admissions: Counter[tuple[str, bool, str]]
-    worker_names: tuple[str, ...]
-    worker_requests: list[int]
-    engine_busy_s: list[float]
-    engine_prefill_tokens: list[int]
-    engine_preemptions: list[int]
-    engine_evictions: list[int]
-    session_workers: dict[str, list[int]]
-    load_times: list[float]
-    load_samples: list[list[int]]
-    feed_drops: Counter[str]
-    feed_polls: int
-    reconciles: int
-    makespan_s: float
-    wall_s: float
-    router_anomalies: dict[str, int]
 
 
 def _chained(trace: Trace) -> list[tuple[int, ...]]:
@@ -188,8 +80,6 @@ class Simulation:
         *,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        from agentic_router.sim._adapter import RouterDriver
-
         self.trace = trace
         self.config = config
         self.progress = progress
@@ -200,7 +90,7 @@ class Simulation:
             SimEngine(name, engine_cfg, pid=10_000 + i, index=i)
             for i, name in enumerate(topo.names)
         ]
-        self.driver = RouterDriver(self, config)
+        self.driver = RouterDriver(config, self.clock, trace.block_size)
         self.rng = random.Random(config.seed)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0

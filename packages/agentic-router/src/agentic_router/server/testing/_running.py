@@ -9,9 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agentic_router.server._app import PROXY, Proxy, create_app
+from agentic_router.server._app import PROXY, RUNNER_OPTIONS, Proxy, create_app
 from agentic_router.server._config import ServerConfig
-from agentic_router.server._serve import RUNNER_OPTIONS
 from agentic_router.server.testing._fake_engine import free_socket
 
 

@@ -28,7 +28,7 @@ RULE_LABEL = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from agentic_router.pd._knobs import add_arguments as add_knobs
+    from agentic_router.migration._knobs import add_arguments as add_knobs
 
     parser.add_argument(
         "--part",
@@ -205,7 +205,7 @@ def run_pd_table(
 def run_v3_table(
     args: argparse.Namespace, trace: Any, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    from agentic_router.pd import thrash_metrics
+    from agentic_router.migration import thrash_metrics
     from agentic_router.sim import SimConfig, Simulation, Topology
     from agentic_router.sim._report import summarise_run
 
@@ -298,7 +298,7 @@ def v3_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentic_router.pd._knobs import extra_from_args
+    from agentic_router.migration._knobs import extra_from_args
 
     extra = extra_from_args(args)
     extra.pop("migration_rule", None)
@@ -338,8 +338,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def thrash_rows(seed: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    """The one-session thrash scenario (agentic_router.pd._scenario) under each rule."""
-    from agentic_router.pd._scenario import run_thrash
+    """The one-session thrash scenario (agentic_router.sim._thrash) under each rule."""
+    from agentic_router.sim._thrash import run_thrash
 
     rows = []
     for rule in RULES:

@@ -6,6 +6,8 @@ refused turn falls back through the prefill worker and a KV transfer. Only
 refusals for lack of capacity say anything about D; `session-not-resident` is
 the normal state right after a move and `real-large-append` is about the
 request, so neither may count toward moving a session.
+
+A leaf module: the proxy, the simulator and the policies all name these.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ class AdmissionReason(enum.StrEnum):
 CAPACITY_REASONS: Final = frozenset(
     {AdmissionReason.NO_SPACE, AdmissionReason.SESSION_CAP, AdmissionReason.BACKPRESSURE}
 )
+
+#: the refusals an engine may name in its error text, in the order they are looked for
+NAMED_REASONS: Final = tuple(r.value for r in AdmissionReason if r is not AdmissionReason.OK)
+#: refusals about the turn or the session's placement, not the engine's health: a
+#: refused direct-to-D turn falls back through the prefill worker without
+#: counting the decode worker as failed
+FALLBACK_REASONS: Final = frozenset(NAMED_REASONS)
 
 #: Decision.notes["pd_mode"] values
 DIRECT: Final = "direct"

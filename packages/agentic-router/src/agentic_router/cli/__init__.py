@@ -13,21 +13,21 @@ from collections.abc import Sequence
 # `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
-        "agentic_router.server._serve",
+        "agentic_router.cli.serve",
         "run the OpenAI-compatible proxy in front of engines",
     ),
     "replay": (
-        "agentic_router.sim.cli_replay",
+        "agentic_router.cli.replay",
         "replay a trace through policies on simulated engines",
     ),
     "demo": (
-        "agentic_router.sim.cli_demo",
+        "agentic_router.cli.demo",
         "compare policies on the bundled agentic trace (no GPU)",
     ),
-    "bench": ("agentic_router.sim.cli_bench", "drive a trace against a live router over HTTP"),
-    "analyze": ("agentic_router.sim.cli_analyze", "read the router's structured JSONL logs"),
-    "migration": ("agentic_router.pd.cli_migration", "P/D migration rules and Mechanism B tables"),
-    "plugins": ("agentic_router.cli_plugins", "list installed plugins, scorers, filters, policies"),
+    "bench": ("agentic_router.cli.bench", "drive a trace against a live router over HTTP"),
+    "analyze": ("agentic_router.cli.analyze", "read the router's structured JSONL logs"),
+    "migration": ("agentic_router.cli.migration", "P/D migration rules and Mechanism B tables"),
+    "plugins": ("agentic_router.cli.plugins", "list installed plugins, scorers, filters, policies"),
 }
 
 

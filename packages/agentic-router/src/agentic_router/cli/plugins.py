@@ -38,8 +38,8 @@ def _table(info: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentic_router.core import RouterConfig
     from agentic_router.plugins import describe, make_plugin_manager
+    from agentic_router.types import RouterConfig
 
     allow = None if args.allow is None else [a.strip() for a in args.allow.split(",") if a.strip()]
     pm = make_plugin_manager(allow=allow)

@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_router.pd._admission import DIRECT, AdmissionReason
+from agentic_router.migration.admission import DIRECT, AdmissionReason
 
 
 @dataclass
@@ -71,7 +71,8 @@ def run_thrash(
     decode_workers: int = 3,
     extra: dict[str, Any] | None = None,
 ) -> ThrashResult:
-    from agentic_router.core import Router, RouterConfig, RoutingRequest
+    from agentic_router.router import Router
+    from agentic_router.types import RouterConfig, RoutingRequest
 
     clock = [0.0]
     knobs: dict[str, Any] = {"migration_rule": rule, **(extra or {})}
@@ -145,7 +146,7 @@ def run_thrash(
         else:  # pragma: no cover - the fallback never refuses
             raise AssertionError("the fallback decision was refused")
     out.rejections = rejections
-    from agentic_router.pd import thrash_metrics
+    from agentic_router.migration import thrash_metrics
 
     out.metrics = thrash_metrics(router) or {}
     return out

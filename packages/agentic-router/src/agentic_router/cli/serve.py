@@ -6,15 +6,9 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import Any
 
 from agentic_router.server._config import ConfigError, load_config
 from agentic_router.server._config import add_arguments as _add_settings
-
-# aiohttp's server settings shared by `serve` and the tests: a client that goes
-# away cancels its handler at once, so its shadow load is freed and the engine
-# request is aborted without waiting for the next write.
-RUNNER_OPTIONS: dict[str, Any] = {"access_log": None, "handler_cancellation": True}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from aiohttp import web
 
-    from agentic_router.server._app import create_app
+    from agentic_router.server._app import RUNNER_OPTIONS, create_app
 
     try:
         app = create_app(config)

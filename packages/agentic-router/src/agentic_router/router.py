@@ -1,29 +1,23 @@
-"""The routing brain, independent of HTTP: the facade the proxy and the simulator share.
+"""The Router facade: the routing brain, independent of HTTP.
 
-Owns: the Router facade over sequence state (agentic_router.state), per-worker
-InstanceState (agentic_router.instance), the policy pipeline (filters ->
-scorers -> picker, agentic_router.policy, built-ins in agentic_router.builtin,
-all registered through pluggy hooks, agentic_router.hookspecs), and the
-decision record. Must not do I/O or await: the feed loop (agentic_router.feed)
-and the /metrics reconcile loop (agentic_router.metrics) are separate and call
-in. All time goes through the injected `clock` (wall-clock seconds by
-default; the simulator passes its virtual clock, and EngineState.ts it
-produces is virtual time too).
+Owns one pool of workers' sequence state (agentic_router.state), their
+InstanceStates (agentic_router.instance) and the policy pipeline (filters ->
+scorers -> picker; agentic_router.policy, built-ins in agentic_router.builtin,
+all registered through the pluggy hooks of agentic_router.hookspecs). The
+proxy and the simulator both drive it. It must not do I/O or await: the
+feeds (agentic_router.feed) call in. All time goes through the injected
+`clock` (wall-clock seconds by default; the simulator passes its virtual
+clock, and the EngineState.ts it produces is virtual time too).
 
 API (stable; the proxy and the simulator code against this)
 -----------------------------------------------------------
 
     from agentic_router import Router, RouterConfig, RoutingRequest, Decision
 
-    RoutingRequest(request_id: str, session_id: str | None, prompt_tokens: int,
-                   block_hashes: tuple[int, ...] = (), block_size: int = 64,
-                   max_tokens: int | None = None)
-        block_hashes are chained (block i covers blocks 0..i); make them with
-        agentic_router.prefix: block_hashes_from_tokens(ids, bs),
-        block_hashes_from_text(text, chars), block_hashes_from_ids(mooncake_hash_ids).
-        build_routing_request(request_id, body, session_id=..., config=..., plugin_manager=...)
-        builds one from an OpenAI request body (token ids if present, else the
-        agentic_router_tokenize hook, else text chunks).
+    RoutingRequest (agentic_router.types): request_id, session_id, prompt_tokens,
+        block_hashes (chained; agentic_router.prefix makes them), block_size, max_tokens.
+        agentic_router.request.build_routing_request(request_id, body, ...) builds one
+        from an OpenAI request body.
 
     router = Router(workers: Sequence[str], policy: str = "unified", *,
                     config: RouterConfig | None = None,
@@ -64,12 +58,11 @@ API (stable; the proxy and the simulator code against this)
     router.context(req) -> ScoringContext     what decide would score (scorer tests, what-if)
     router.anomalies / router.plugin_errors / router.feed_counts   Counters (also in snapshot)
 
-    StateFeed(router, reader_or_uri, period_s=...) in agentic_router.feed:
-        start() (on the running loop) / await stop(); await poll_once() for tests;
-        staleness per worker via router.instance_state(w).age_s / .fresh.
-    MetricsReconciler(router, urls) in agentic_router.metrics: start() / async stop().
+    The feeds that call in (agentic_router.feed): StateFeed(router, reader_or_uri)
+    polls the engine-state feed; MetricsReconciler(router, urls) scrapes /metrics
+    when the feed is off. Both: start() on the running loop, await stop().
 
-Policies: round_robin, random, load_only, lmetric, sticky, unified (DESIGN §5);
+Policies: round_robin, random, load_only, lmetric, sticky, unified (docs/policies.md);
 `agentic-router plugins` lists every installed one. New policies (unified_v3,
 kv_aware) plug in through the agentic_router_policies hook with a
 PolicySpec(decode_selector=...) whose selector sees events via on_event.
@@ -82,22 +75,17 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pluggy
 
 from agentic_common import EngineState
-from agentic_router.instance import InstanceState, RealStateRules
-from agentic_router.metrics import EngineMetrics
+from agentic_router.decision import Decision, DecisionTrace
+from agentic_router.engine_metrics import EngineMetrics
+from agentic_router.instance import InstanceState
 from agentic_router.plugins import Components, build_decode_selector, make_plugin_manager
-from agentic_router.policy import DecodeSelector, PolicySpec, RouterEvent, ScoringContext
-from agentic_router.prefix import (
-    CHARS_PER_TOKEN,
-    block_hashes_from_text,
-    block_hashes_from_tokens,
-)
+from agentic_router.policy import DecodeSelector, PolicySpec, Scorer, ScoringContext
 from agentic_router.state import (
     RECONCILED_FREE,
     PromptRegistry,
@@ -105,213 +93,11 @@ from agentic_router.state import (
     SequenceState,
     WorkerTable,
 )
+from agentic_router.types import Clock, RouterConfig, RouterEvent, RoutingRequest
 
-__all__ = [
-    "CandidateScore",
-    "Decision",
-    "Router",
-    "RouterConfig",
-    "RoutingRequest",
-    "build_routing_request",
-]
+__all__ = ["Router"]
 
 log = logging.getLogger("agentic_router")
-
-Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingRequest:
-    request_id: str
-    session_id: str | None
-    prompt_tokens: int  # (estimated) prompt length in tokens
-    block_hashes: tuple[int, ...] = ()  # chained prefix-block hashes (block i covers 0..i)
-    block_size: int = 64  # tokens per block hash
-    max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    """Every routing knob, with its default. (CLI flags / AGENTIC_ROUTER_* env
-    twins are declared in agentic_router.settings.)"""
-
-    # effective-state rule
-    use_real_state: bool = True  # False: ignore the feed entirely (shadow-only)
-    max_age_s: float = 0.5  # a snapshot older than this is stale
-    big_prefill_threshold: int = 32768  # tokens; max_prefill_remaining >= this = stall risk
-    kv_wall_frac: float = 0.95  # gpu_kv_used_frac >= this = capacity wall
-    stall_hold_s: float = 30.0  # stale after a big-prefill snapshot reads as stalled this long
-    step_stall_s: float = 5.0  # fresh snapshot, no scheduler step this long, running > 0: stalled
-    # policies
-    overload_factor: float = 1.3  # unified: leave home above this x max(mean load, 1)
-    min_cache_hit: float = 0.3  # unified: leave home below this cached fraction
-    lmetric_decode_weight: float = 0.0  # lmetric: cost per ongoing decode token
-    seed: int = 0  # random policy and any plugin randomness
-    # prefix identity and registry bounds
-    block_size: int = 64  # tokens per block when the router hashes token ids or text
-    registry_capacity_blocks: int = 8192  # per worker (512k tokens at 64 per block)
-    registry_ttl_s: float = 600.0
-    session_capacity: int = 100_000
-    session_ttl_s: float = 3600.0
-    freed_memory: int = 65536  # recently freed ids remembered to count duplicate Frees
-    # feed and reconcile
-    engine_map: Mapping[str, int] | None = None  # engine_id -> worker; default engine_i -> i
-    feed_period_s: float = 0.05
-    reconcile_period_s: float = 30.0
-    reconcile_grace_s: float = 10.0  # engine below shadow this long before freeing
-    reconcile_min_age_s: float = 60.0  # only shadow entries at least this old are freed
-    # plugin knobs, by plugin-chosen key
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in (
-            "max_age_s",
-            "stall_hold_s",
-            "step_stall_s",
-            "feed_period_s",
-            "reconcile_period_s",
-            "registry_ttl_s",
-            "session_ttl_s",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in (
-            "big_prefill_threshold",
-            "block_size",
-            "registry_capacity_blocks",
-            "session_capacity",
-            "freed_memory",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value > 0):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0.0 < self.kv_wall_frac <= 1.0:
-            raise ValueError(f"kv_wall_frac must be in (0, 1], got {self.kv_wall_frac!r}")
-        if self.overload_factor <= 0 or not 0.0 <= self.min_cache_hit <= 1.0:
-            raise ValueError("overload_factor must be > 0 and min_cache_hit in [0, 1]")
-
-    @property
-    def rules(self) -> RealStateRules:
-        return RealStateRules(
-            max_age_s=self.max_age_s,
-            big_prefill_threshold=self.big_prefill_threshold,
-            stall_hold_s=self.stall_hold_s,
-            step_stall_s=self.step_stall_s,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class CandidateScore:
-    worker: int
-    total: float | None  # None when a filter dropped it
-    parts: dict[str, float]
-    features: dict[str, float]
-    real: dict[str, Any]
-    filtered_by: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "worker": self.worker,
-            "total": self.total,
-            "parts": self.parts,
-            "features": self.features,
-            "real": self.real,
-            "filtered_by": self.filtered_by,
-        }
-
-
-class _Trace:
-    """What a decision saw, kept so the candidate records are built only when read."""
-
-    __slots__ = ("ctx", "dropped", "parts", "records", "totals")
-
-    def __init__(
-        self,
-        ctx: ScoringContext,
-        totals: list[float],
-        parts: dict[str, list[float]],
-        dropped: list[tuple[int, InstanceState, str]],
-    ) -> None:
-        self.ctx = ctx
-        self.totals = totals
-        self.parts = parts
-        self.dropped = dropped
-        self.records: tuple[CandidateScore, ...] | None = None
-
-    def build(self) -> tuple[CandidateScore, ...]:
-        if self.records is not None:
-            return self.records
-        ctx = self.ctx
-        out: list[CandidateScore] = []
-        for i, (w, s) in enumerate(zip(ctx.candidates, ctx.states, strict=True)):
-            out.append(
-                CandidateScore(
-                    worker=w,
-                    total=self.totals[i],
-                    parts={name: vals[i] for name, vals in self.parts.items()},
-                    features={
-                        "cached_tokens": ctx.cached_tokens[i],
-                        "uncached_tokens": ctx.uncached_tokens[i],
-                        "eff_num_requests": s.eff_num_requests,
-                        "eff_pending_prefill": s.eff_pending_prefill,
-                        "eff_ongoing_decode": s.eff_ongoing_decode,
-                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
-                    },
-                    real=s.real_fields(ctx.now),
-                )
-            )
-        for w, s, by in self.dropped:
-            out.append(
-                CandidateScore(
-                    worker=w,
-                    total=None,
-                    parts={},
-                    features={
-                        "eff_num_requests": s.eff_num_requests,
-                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
-                    },
-                    real=s.real_fields(ctx.now),
-                    filtered_by=by,
-                )
-            )
-        out.sort(key=lambda c: c.worker)
-        self.records = tuple(out)
-        return self.records
-
-
-@dataclass(frozen=True)
-class Decision:
-    request_id: str
-    session_id: str | None
-    worker: int
-    policy: str
-    reason: str
-    decode_worker: int | None
-    seq: int
-    ts: float
-    home: int | None
-    notes: dict[str, Any]
-    _trace: _Trace | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def candidates(self) -> tuple[CandidateScore, ...]:
-        return () if self._trace is None else self._trace.build()
-
-    def to_log(self) -> dict[str, Any]:
-        return {
-            "ts": self.ts,
-            "seq": self.seq,
-            "request_id": self.request_id,
-            "session_id": self.session_id,
-            "policy": self.policy,
-            "worker": self.worker,
-            "decode_worker": self.decode_worker,
-            "reason": self.reason,
-            "home": self.home,
-            "notes": {k: v for k, v in self.notes.items() if k != "reason"},
-            "candidates": [c.to_dict() for c in self.candidates],
-        }
 
 
 class _ErrorLog:
@@ -392,6 +178,11 @@ class Router:
     def decode_selector(self) -> DecodeSelector | None:
         """The current policy's decode-worker selector (Mechanism B), if it has one."""
         return self._decode
+
+    def scorer(self, name: str) -> Scorer | None:
+        """This Router's instance of a registered scorer (stateful scorers keep
+        per-Router state, e.g. kv_aware's session table), or None."""
+        return self.components.scorers.get(name)
 
     def set_policy(self, name: str) -> None:
         spec = self.components.policies.get(name)
@@ -553,7 +344,7 @@ class Router:
             ts=now,
             home=home,
             notes=notes,
-            _trace=_Trace(ctx, totals, parts, dropped),
+            _trace=DecisionTrace(ctx, totals, parts, dropped),
         )
         try:
             self.pm.hook.agentic_router_decision(router=self, request=req, decision=decision)
@@ -720,80 +511,3 @@ class Router:
             "engine_map": dict(self._engine_map),
             "workers": workers,
         }
-
-
-def _message_text(body: Mapping[str, Any]) -> str:
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        parts: list[str] = []
-        for msg in messages:
-            if not isinstance(msg, Mapping):
-                continue
-            content = msg.get("content")
-            if isinstance(content, list):  # multi-part content: keep the text parts
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-            parts.append(f"{msg.get('role', '')}\x1f{content if content is not None else ''}\x1e")
-            if msg.get("tool_calls") is not None:
-                parts.append(repr(msg.get("tool_calls")))
-        return "".join(parts)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "\x1e".join(prompt)
-    return ""
-
-
-def _token_ids(body: Mapping[str, Any]) -> list[int] | None:
-    for key in ("prompt_token_ids", "input_ids"):
-        ids = body.get(key)
-        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
-            return ids
-    prompt = body.get("prompt")
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
-    ):
-        return prompt
-    return None
-
-
-def build_routing_request(
-    request_id: str,
-    body: Mapping[str, Any],
-    *,
-    session_id: str | None = None,
-    config: RouterConfig | None = None,
-    plugin_manager: pluggy.PluginManager | None = None,
-) -> RoutingRequest:
-    """A RoutingRequest from an OpenAI chat/completions body.
-
-    Prefix identity: token ids in the body (`prompt` as a token list,
-    `prompt_token_ids` or `input_ids`), else the agentic_router_tokenize hook,
-    else text chunks of block_size x 4 characters (prompt length estimated at
-    4 characters per token).
-    """
-    cfg = config or RouterConfig()
-    bs = cfg.block_size
-    ids = _token_ids(body)
-    if ids is None and plugin_manager is not None:
-        got = plugin_manager.hook.agentic_router_tokenize(body=body, config=cfg)
-        ids = list(got) if got is not None else None
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        max_tokens = None
-    if ids is not None:
-        return RoutingRequest(
-            request_id, session_id, len(ids), block_hashes_from_tokens(ids, bs), bs, max_tokens
-        )
-    text = _message_text(body)
-    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-    return RoutingRequest(
-        request_id,
-        session_id,
-        tokens,
-        block_hashes_from_text(text, bs * CHARS_PER_TOKEN),
-        bs,
-        max_tokens,
-    )

@@ -1,8 +1,9 @@
-"""Prometheus text exposition (format 0.0.4) without a client library.
+"""The router's own /metrics: Prometheus text exposition (format 0.0.4).
 
 Counters are plain dicts updated on the request path (one dict increment
 each); gauges are computed when /metrics is scraped. Owns only the text
-format: which numbers exist is decided by the proxy.
+format: which numbers exist is decided by the proxy. (Reading engines'
+/metrics is `agentic_router.engine_metrics`.)
 """
 
 from __future__ import annotations

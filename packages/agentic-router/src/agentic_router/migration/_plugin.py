@@ -2,7 +2,7 @@
 as the built-ins (the plugin-manager factory registers this module as ``pd``).
 
 Knob values come from `RouterConfig.extra` > AGENTIC_* environment > defaults
-(`agentic_router.pd._knobs`); a bad value fails the Router's construction with
+(`agentic_router.migration._knobs`); a bad value fails the Router's construction with
 a message naming the knob.
 """
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from agentic_router.builtin import AFFINITY_WEIGHT
 from agentic_router.hookspecs import hookimpl
-from agentic_router.pd._knobs import settings_from
-from agentic_router.pd._kvaware import KvAwareScorer
-from agentic_router.pd._mechb import PrefillGatedAffinity, UnifiedV3Selector
+from agentic_router.migration._knobs import settings_from
+from agentic_router.migration._kvaware import KvAwareScorer
+from agentic_router.migration._mechb import PrefillGatedAffinity, UnifiedV3Selector
 from agentic_router.policy import PolicySpec, Scorer
 
 if TYPE_CHECKING:
-    from agentic_router.core import Router, RouterConfig
-    from agentic_router.policy import DecodeSelector, RouterEvent
+    from agentic_router.policy import DecodeSelector, RouterView
+    from agentic_router.types import RouterConfig, RouterEvent
 
 KV_AWARE = "kv_aware"
 UNIFIED_V3 = "unified_v3"
@@ -66,10 +66,10 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
 
 
 @hookimpl
-def agentic_router_event(router: Router, event: RouterEvent) -> None:
+def agentic_router_event(router: RouterView, event: RouterEvent) -> None:
     """Feed the Router's own kv_aware scorer (its session table) while kv_aware routes."""
     if router.policy != KV_AWARE:
         return
-    scorer = router.components.scorers.get(KV_AWARE)
+    scorer = router.scorer(KV_AWARE)
     if isinstance(scorer, KvAwareScorer):
         scorer.on_event(event)

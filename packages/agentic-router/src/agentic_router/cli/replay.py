@@ -167,6 +167,7 @@ def run_matrix_cli(
     header: Sequence[str] = (),
 ) -> tuple[int, dict[str, Any]]:
     """Run every (policy, feed) pair and present the results. Returns (exit code, payload)."""
+    from agentic_router.sim._config import SimConfig, Topology
     from agentic_router.sim._model import EngineConfig
     from agentic_router.sim._report import (
         TABLE_NOTES,
@@ -178,7 +179,7 @@ def run_matrix_cli(
         write_plots,
         write_records,
     )
-    from agentic_router.sim._sim import SimConfig, Simulation, Topology
+    from agentic_router.sim._sim import Simulation
     from agentic_router.sim._trace import TraceError, load_trace
 
     out = stdout or sys.stdout
@@ -281,8 +282,8 @@ def run_matrix_cli(
 
 
 def _check_policies(policies: Sequence[str]) -> None:
-    from agentic_router.core import RouterConfig
     from agentic_router.plugins import Components, make_plugin_manager
+    from agentic_router.types import RouterConfig
 
     known = Components.collect(make_plugin_manager(), RouterConfig()).policies
     unknown = [p for p in policies if p not in known]

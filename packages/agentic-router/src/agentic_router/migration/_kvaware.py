@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agentic_router.builtin import MigrationTargetScorer
-from agentic_router.pd._admission import DIRECT, VIA_PREFILL, AdmissionOutcome
-from agentic_router.pd._knobs import MigrationSettings
+from agentic_router.migration._knobs import MigrationSettings
+from agentic_router.migration.admission import DIRECT, VIA_PREFILL, AdmissionOutcome
 
 if TYPE_CHECKING:
-    from agentic_router.core import RouterConfig
-    from agentic_router.policy import RouterEvent, ScoringContext
+    from agentic_router.policy import ScoringContext
+    from agentic_router.types import RouterConfig, RouterEvent
 
 #: rate window of "migrations per minute"
 RATE_WINDOW_S: Final = 60.0

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentic_router.sim._sim import DEFAULT_PUBLISHER_STALL_S
-from agentic_router.sim.cli_replay import DEFAULT_POLICIES, run_matrix_cli
+from agentic_router.cli.replay import DEFAULT_POLICIES, run_matrix_cli
+from agentic_router.sim._config import DEFAULT_PUBLISHER_STALL_S
 
 DEMO_TOPOLOGY = "4"
 

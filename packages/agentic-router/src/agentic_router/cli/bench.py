@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    from agentic_router.cli.replay import Progress
     from agentic_router.sim._bench import BenchConfig, run_bench
     from agentic_router.sim._report import (
         TABLE_NOTES,
@@ -121,7 +122,6 @@ def _run_bench(args: argparse.Namespace) -> int:
         write_records,
     )
     from agentic_router.sim._trace import TraceError, load_trace
-    from agentic_router.sim.cli_replay import Progress
 
     try:
         trace = load_trace(args.trace)

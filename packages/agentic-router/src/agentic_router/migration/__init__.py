@@ -9,21 +9,14 @@
 * `thrash_metrics(router)`: D-switches per session, migrations per minute and
   re-prefill tokens caused by moves, for /metrics and simulator results.
 
-The policies register through the plugin hooks (module `agentic_router.pd._plugin`).
+The policies register through the plugin hooks (module `agentic_router.migration._plugin`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentic_router.pd._admission import (
-    CAPACITY_REASONS,
-    DIRECT,
-    VIA_PREFILL,
-    AdmissionOutcome,
-    AdmissionReason,
-)
-from agentic_router.pd._knobs import (
+from agentic_router.migration._knobs import (
     KNOBS,
     Knob,
     MigrationSettings,
@@ -31,11 +24,18 @@ from agentic_router.pd._knobs import (
     extra_from_args,
     settings_from,
 )
-from agentic_router.pd._kvaware import KvAwareScorer
-from agentic_router.pd._mechb import UnifiedV3Selector
+from agentic_router.migration._kvaware import KvAwareScorer
+from agentic_router.migration._mechb import UnifiedV3Selector
+from agentic_router.migration.admission import (
+    CAPACITY_REASONS,
+    DIRECT,
+    VIA_PREFILL,
+    AdmissionOutcome,
+    AdmissionReason,
+)
 
 if TYPE_CHECKING:
-    from agentic_router.core import Router
+    from agentic_router.policy import RouterView
 
 __all__ = [
     "CAPACITY_REASONS",
@@ -55,10 +55,10 @@ __all__ = [
 ]
 
 
-def thrash_metrics(router: Router) -> dict[str, Any] | None:
+def thrash_metrics(router: RouterView) -> dict[str, Any] | None:
     """The thrash guards of the Router's current policy (None if it keeps none)."""
     if router.policy == "kv_aware":
-        scorer = router.components.scorers.get("kv_aware")
+        scorer = router.scorer("kv_aware")
         if isinstance(scorer, KvAwareScorer):
             return scorer.metrics()
     selector = router.decode_selector

@@ -1,9 +1,11 @@
-"""Reading engines' Prometheus `/metrics` for the feed-off reconcile (DESIGN §3).
+"""Reading engines' Prometheus `/metrics`: what the feed-off reconcile needs.
 
 Without the engine-state feed, the router's shadow is reconciled against each
-engine's `/metrics` every `reconcile_period_s` (default 30 s): if the engine
-runs fewer requests than the shadow holds for longer than a grace period, the
-oldest shadow entries are freed (a lost Free; counted).
+engine's `/metrics` (the loop is `agentic_router.feed.MetricsReconciler`): if
+the engine runs fewer requests than the shadow holds for longer than a grace
+period, the oldest shadow entries are freed (a lost Free; counted). This
+module only parses; it does no I/O. (The router's own /metrics exposition is
+`agentic_router.server._exposition`.)
 
 - `parse_prometheus_text(text)` is pure (Prometheus text exposition format
   0.0.4): no I/O, never raises on a bad line (bad lines are counted and
@@ -13,26 +15,16 @@ oldest shadow entries are freed (a lost Free; counted).
   `vllm:gpu_cache_usage_perc`) and SGLang (`sglang:num_running_reqs`,
   `sglang:num_queue_reqs`, `sglang:token_usage`) names onto EngineMetrics,
   summing over label sets (a data-parallel server reports one per engine).
-- `MetricsReconciler` is the async loop the proxy starts: one GET per engine
-  per period over aiohttp, with a timeout; failures are counted, never raised.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    from agentic_router.core import Router
-
-log = logging.getLogger("agentic_router.metrics")
+from dataclasses import dataclass
+from typing import Final
 
 RUNNING_NAMES: Final = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING_NAMES: Final = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
@@ -166,79 +158,3 @@ def engine_metrics(samples: Sequence[Sample]) -> EngineMetrics | None:
         kv_used_frac=None if kv is None else min(1.0, max(0.0, kv)),
         source=source_name.split(":", 1)[0],
     )
-
-
-@dataclass
-class ReconcileStats:
-    scrapes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-
-
-class MetricsReconciler:
-    """Async loop: every `period_s`, GET each worker's metrics URL and call
-    `router.reconcile_from_metrics`. Start it with the app, stop it with the app.
-
-    `urls[i]` is worker i's metrics URL (e.g. "http://host:8000/metrics");
-    None skips that worker.
-    """
-
-    def __init__(
-        self,
-        router: Router,
-        urls: Sequence[str | None],
-        *,
-        period_s: float | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        self.router = router
-        self.urls = list(urls)
-        self.period_s = router.config.reconcile_period_s if period_s is None else period_s
-        self.timeout_s = timeout_s
-        self.stats = ReconcileStats()
-        self._task: asyncio.Task[None] | None = None
-
-    async def scrape_once(self) -> None:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            for worker, url in enumerate(self.urls):
-                if url is None:
-                    continue
-                try:
-                    async with session.get(url) as resp:
-                        if resp.status != 200:
-                            self.stats.failures[f"http_{resp.status}"] += 1
-                            continue
-                        text = await resp.text()
-                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                    self.stats.failures[type(exc).__name__] += 1
-                    continue
-                metrics = engine_metrics(parse_prometheus_text(text))
-                if metrics is None:
-                    self.stats.failures["no_known_metrics"] += 1
-                    continue
-                self.router.reconcile_from_metrics(worker, metrics)
-        self.stats.scrapes += 1
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.scrape_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the loop outlives any one bad scrape
-                self.stats.failures["exception"] += 1
-                log.exception("metrics reconcile failed")
-            await asyncio.sleep(self.period_s)
-
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

@@ -1,0 +1,131 @@
+"""The decision record: where a request goes, and what every candidate scored.
+
+A `Decision` is what `Router.decide` returns. Its candidate records (each
+worker's score parts, the features and real-state fields it was judged on,
+and the filter that dropped it) are built lazily from the `DecisionTrace`
+kept at decision time, so a caller that never reads them pays nothing.
+This module only shapes data: it never decides and never mutates state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentic_router.instance import InstanceState
+from agentic_router.policy import ScoringContext
+
+__all__ = ["CandidateScore", "Decision", "DecisionTrace"]
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    worker: int
+    total: float | None  # None when a filter dropped it
+    parts: dict[str, float]
+    features: dict[str, float]
+    real: dict[str, Any]
+    filtered_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "total": self.total,
+            "parts": self.parts,
+            "features": self.features,
+            "real": self.real,
+            "filtered_by": self.filtered_by,
+        }
+
+
+class DecisionTrace:
+    """What a decision saw, kept so the candidate records are built only when read."""
+
+    __slots__ = ("ctx", "dropped", "parts", "records", "totals")
+
+    def __init__(
+        self,
+        ctx: ScoringContext,
+        totals: list[float],
+        parts: dict[str, list[float]],
+        dropped: list[tuple[int, InstanceState, str]],
+    ) -> None:
+        self.ctx = ctx
+        self.totals = totals
+        self.parts = parts
+        self.dropped = dropped
+        self.records: tuple[CandidateScore, ...] | None = None
+
+    def build(self) -> tuple[CandidateScore, ...]:
+        if self.records is not None:
+            return self.records
+        ctx = self.ctx
+        out: list[CandidateScore] = []
+        for i, (w, s) in enumerate(zip(ctx.candidates, ctx.states, strict=True)):
+            out.append(
+                CandidateScore(
+                    worker=w,
+                    total=self.totals[i],
+                    parts={name: vals[i] for name, vals in self.parts.items()},
+                    features={
+                        "cached_tokens": ctx.cached_tokens[i],
+                        "uncached_tokens": ctx.uncached_tokens[i],
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_pending_prefill": s.eff_pending_prefill,
+                        "eff_ongoing_decode": s.eff_ongoing_decode,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    real=s.real_fields(ctx.now),
+                )
+            )
+        for w, s, by in self.dropped:
+            out.append(
+                CandidateScore(
+                    worker=w,
+                    total=None,
+                    parts={},
+                    features={
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    real=s.real_fields(ctx.now),
+                    filtered_by=by,
+                )
+            )
+        out.sort(key=lambda c: c.worker)
+        self.records = tuple(out)
+        return self.records
+
+
+@dataclass(frozen=True)
+class Decision:
+    request_id: str
+    session_id: str | None
+    worker: int
+    policy: str
+    reason: str
+    decode_worker: int | None
+    seq: int
+    ts: float
+    home: int | None
+    notes: dict[str, Any]
+    _trace: DecisionTrace | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def candidates(self) -> tuple[CandidateScore, ...]:
+        return () if self._trace is None else self._trace.build()
+
+    def to_log(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "seq": self.seq,
+            "request_id": self.request_id,
+            "session_id": self.session_id,
+            "policy": self.policy,
+            "worker": self.worker,
+            "decode_worker": self.decode_worker,
+            "reason": self.reason,
+            "home": self.home,
+            "notes": {k: v for k, v in self.notes.items() if k != "reason"},
+            "candidates": [c.to_dict() for c in self.candidates],
+        }

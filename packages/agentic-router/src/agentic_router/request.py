@@ -1,0 +1,100 @@
+"""An OpenAI request body as a RoutingRequest: prompt length and prefix identity.
+
+Prefix identity comes from token ids in the body (`prompt` as a token list,
+`prompt_token_ids` or `input_ids`), else from the `agentic_router_tokenize`
+hook, else from fixed-size text chunks. Pure: no state, no clock, no I/O;
+the proxy validates the body before it gets here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pluggy
+
+from agentic_router.prefix import (
+    CHARS_PER_TOKEN,
+    block_hashes_from_text,
+    block_hashes_from_tokens,
+)
+from agentic_router.types import RouterConfig, RoutingRequest
+
+__all__ = ["build_routing_request"]
+
+
+def _message_text(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        for msg in messages:
+            if not isinstance(msg, Mapping):
+                continue
+            content = msg.get("content")
+            if isinstance(content, list):  # multi-part content: keep the text parts
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+            parts.append(f"{msg.get('role', '')}\x1f{content if content is not None else ''}\x1e")
+            if msg.get("tool_calls") is not None:
+                parts.append(repr(msg.get("tool_calls")))
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "\x1e".join(prompt)
+    return ""
+
+
+def _token_ids(body: Mapping[str, Any]) -> list[int] | None:
+    for key in ("prompt_token_ids", "input_ids"):
+        ids = body.get(key)
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            return ids
+    prompt = body.get("prompt")
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    ):
+        return prompt
+    return None
+
+
+def build_routing_request(
+    request_id: str,
+    body: Mapping[str, Any],
+    *,
+    session_id: str | None = None,
+    config: RouterConfig | None = None,
+    plugin_manager: pluggy.PluginManager | None = None,
+) -> RoutingRequest:
+    """A RoutingRequest from an OpenAI chat/completions body.
+
+    Prefix identity: token ids in the body (`prompt` as a token list,
+    `prompt_token_ids` or `input_ids`), else the agentic_router_tokenize hook,
+    else text chunks of block_size x 4 characters (prompt length estimated at
+    4 characters per token).
+    """
+    cfg = config or RouterConfig()
+    bs = cfg.block_size
+    ids = _token_ids(body)
+    if ids is None and plugin_manager is not None:
+        got = plugin_manager.hook.agentic_router_tokenize(body=body, config=cfg)
+        ids = list(got) if got is not None else None
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        max_tokens = None
+    if ids is not None:
+        return RoutingRequest(
+            request_id, session_id, len(ids), block_hashes_from_tokens(ids, bs), bs, max_tokens
+        )
+    text = _message_text(body)
+    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return RoutingRequest(
+        request_id,
+        session_id,
+        tokens,
+        block_hashes_from_text(text, bs * CHARS_PER_TOKEN),
+        bs,
+        max_tokens,
+    )

@@ -1,0 +1,299 @@
+"""The proxy's bookkeeping around each request: engines, counters, records.
+
+Owns:
+- `Endpoint`: one engine as the proxy sees it (its URL, role, breaker);
+- `RequestContext`: one client request on its way through the proxy;
+- `Telemetry`: the proxy's own counters (gauges are computed at scrape time);
+- `Accounting`: failure bookkeeping (each engine's breaker, and which
+  engines the Router may pick), the outcome of each request, and its JSONL
+  records (decisions, session bindings, admissions, outcomes).
+
+It never talks to an engine and never decides: the upstream client reports
+failures and successes here, and the Router (through `RoutingCore`) decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import yarl
+from aiohttp import web
+
+from agentic_router.server._config import EngineSpec, ServerConfig
+from agentic_router.server._exposition import Family
+from agentic_router.server._health import CLOSED, Breaker
+from agentic_router.server._parse import ParsedRequest
+from agentic_router.server._routing import RoutingCore
+
+if TYPE_CHECKING:
+    from agentic_router._logs import JsonlLogs
+    from agentic_router.decision import Decision
+
+log = logging.getLogger("agentic_router.server")
+
+AGGREGATED: Final = "aggregated"
+PD: Final = "pd"
+
+
+@dataclass
+class Endpoint:
+    """One engine as the proxy sees it."""
+
+    slot: int
+    spec: EngineSpec
+    role: str  # "both" | "prefill" | "decode"
+    breaker: Breaker
+    requests: int = 0
+    last_health_ok: float | None = None
+    health_checks_failed: int = 0
+    _urls: dict[str, yarl.URL] = field(default_factory=dict)
+
+    def url(self, path: str) -> yarl.URL:
+        """The engine URL for `path`, parsed once (aiohttp would parse a str every call)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.spec.url + path)
+        return url
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "engine_id": self.spec.engine_id,
+            "url": self.spec.url,
+            "role": self.role,
+            "requests": self.requests,
+            "last_health_ok": self.last_health_ok,
+            "health_checks_failed": self.health_checks_failed,
+            "breaker": self.breaker.to_dict(),
+        }
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One generation request on its way through the proxy."""
+
+    request: web.Request
+    parsed: ParsedRequest
+    raw: bytes
+    path: str
+    session_id: str | None
+    request_id: str
+    client_request_id: str | None
+    endpoint: str
+    received: float = 0.0  # time.monotonic() when the request arrived
+    started: bool = False  # bytes went to the client: no retry from here on
+    first_token: float | None = None  # time.monotonic() of the engine's first bytes
+    outcome: str = ""  # the agentic_router_requests_total outcome label
+    worker: str | None = None  # engine id of the latest decision's worker
+    decode_worker: str | None = None
+
+
+class Telemetry:
+    """The proxy's own counters (the gauges are computed at scrape time)."""
+
+    def __init__(self) -> None:
+        self.requests = Family(
+            "agentic_router_requests_total",
+            "counter",
+            "requests by endpoint and outcome",
+            ("endpoint", "outcome"),
+        )
+        self.decisions = Family(
+            "agentic_router_decisions_total",
+            "counter",
+            "routing decisions by policy and reason",
+            ("policy", "reason"),
+        )
+        self.retries = Family(
+            "agentic_router_retries_total", "counter", "requests retried on another engine"
+        )
+        self.engine_failures = Family(
+            "agentic_router_engine_failures_total",
+            "counter",
+            "engine failures by engine and kind",
+            ("engine", "kind"),
+        )
+        self.migrations = Family(
+            "agentic_router_migrations_total",
+            "counter",
+            "requests whose decode ran on another worker than their prefill (Mechanism B), "
+            "or whose session moved to another serving worker",
+        )
+        self.decode_moves_ignored = Family(
+            "agentic_router_decode_moves_ignored_total",
+            "counter",
+            "decode moves (Mechanism B) a policy asked for that the proxy could not make "
+            "(they need --pd-protocol vllm and engines with a KV connector)",
+        )
+
+    def families(self) -> list[Family]:
+        return [
+            self.requests,
+            self.decisions,
+            self.retries,
+            self.engine_failures,
+            self.migrations,
+            self.decode_moves_ignored,
+        ]
+
+
+def admission_reason(status: int) -> str:
+    """An engine's HTTP refusal as an admission reason (admission-events.jsonl)."""
+    if status in (429, 503):
+        return "backpressure"
+    if status == 504:
+        return "timeout"
+    if status == 502:
+        return "engine-unreachable"
+    return f"http-{status}"
+
+
+class Accounting:
+    """Failure bookkeeping, outcomes and records for one proxy."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        endpoints: list[Endpoint],
+        core: RoutingCore,
+        telemetry: Telemetry,
+    ) -> None:
+        self.config = config
+        self.endpoints = endpoints
+        self.core = core
+        self.telemetry = telemetry
+        self.mode = PD if config.pd_mode else AGGREGATED
+        self.logs: JsonlLogs | None = None  # set for the app's lifetime when --log-dir is set
+        self._degraded: set[int] = set()  # slots whose breaker is not closed
+
+    # ---- engines' health, as the Router sees it ----
+
+    def sync_health(self) -> None:
+        """Tell the Router which engines may take new requests now (only engines
+        whose breaker is not closed can have changed: a closed one stays usable)."""
+        for slot in list(self._degraded):
+            ep = self.endpoints[slot]
+            self.core.set_usable(slot, ep.breaker.usable())
+            if ep.breaker.state == CLOSED:
+                self._degraded.discard(slot)
+
+    def record_failure(self, ep: Endpoint, kind: str, message: str) -> None:
+        self.telemetry.engine_failures.inc(ep.spec.engine_id, kind)
+        before = ep.breaker.state
+        ep.breaker.failure(f"{kind}: {message}")
+        if ep.breaker.state != before:
+            log.warning(
+                "engine %s circuit %s -> %s (%s)",
+                ep.spec.engine_id,
+                before,
+                ep.breaker.state,
+                message,
+            )
+        if ep.breaker.state != CLOSED:
+            self._degraded.add(ep.slot)
+        self.core.set_usable(ep.slot, ep.breaker.usable())
+
+    def record_success(self, ep: Endpoint) -> None:
+        if ep.breaker.state != CLOSED or ep.breaker.consecutive_failures:
+            if ep.breaker.state != CLOSED:
+                log.info("engine %s circuit %s -> closed", ep.spec.engine_id, ep.breaker.state)
+            ep.breaker.success()
+            self._degraded.discard(ep.slot)
+            self.core.set_usable(ep.slot, True)
+
+    def dispatched(self, ep: Endpoint) -> None:
+        """A request is on its way to `ep` (in half-open, it is the one trial)."""
+        ep.requests += 1
+        ep.breaker.dispatched()
+
+    # ---- outcomes and records ----
+
+    def count(self, ctx: RequestContext, outcome: str) -> None:
+        self.telemetry.requests.inc(ctx.endpoint, outcome)
+        ctx.outcome = outcome
+
+    def log_outcome(self, ctx: RequestContext, response: web.StreamResponse | None) -> None:
+        """One request-outcomes.jsonl line: the router's own TTFT and end-to-end time."""
+        if self.logs is None:
+            return
+        first = ctx.first_token
+        self.logs.request_outcome(
+            ctx.request_id,
+            ctx.session_id,
+            outcome=ctx.outcome or "unknown",
+            status=None if response is None else response.status,
+            ttft_s=None if first is None else round(first - ctx.received, 6),
+            e2e_s=round(time.monotonic() - ctx.received, 6),
+            client_request_id=ctx.client_request_id,
+            endpoint=ctx.endpoint,
+            worker=ctx.worker,
+            decode_worker=ctx.decode_worker,
+        )
+
+    @staticmethod
+    def worker_headers(ctx: RequestContext) -> dict[str, str]:
+        """X-Agentic-Worker (and, in P/D, X-Agentic-Decode-Worker): who served it."""
+        headers: dict[str, str] = {}
+        if ctx.worker is not None:
+            headers["X-Agentic-Worker"] = ctx.worker
+        if ctx.decode_worker is not None:
+            headers["X-Agentic-Decode-Worker"] = ctx.decode_worker
+        return headers
+
+    def admission(
+        self,
+        ctx: RequestContext | None,
+        worker: int | None,
+        admitted: bool,
+        reason: str,
+    ) -> None:
+        if self.logs is None:
+            return
+        self.logs.admission(
+            ctx.request_id if ctx else "-",
+            None if ctx is None else ctx.session_id,
+            None if worker is None else self.endpoints[worker].spec.engine_id,
+            mode=self.mode,
+            admitted=admitted,
+            reason=reason,
+        )
+
+    def note_decision(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        worker: int,
+        decode: int | None,
+        *,
+        home: int | None,
+        stage: str | None = None,
+    ) -> None:
+        """Count and log a decision about to be acted on. `home` is the session's
+        serving worker before this request (the serving pool's Decision.home), so a
+        change of serving worker counts as a migration."""
+        self.telemetry.decisions.inc(str(decision.policy), str(decision.reason))
+        ctx.worker = self.endpoints[worker].spec.engine_id
+        ctx.decode_worker = None if decode is None else self.endpoints[decode].spec.engine_id
+        # A migration: decode moved off the prefill worker (aggregated Mechanism B),
+        # or the session's serving worker changed (its decode worker in P/D).
+        pd = self.config.pd_mode
+        migrated = not pd and decode is not None and decode != worker
+        serving = decode if pd and decode is not None else worker
+        if ctx.session_id is not None and home is not None and home != serving:
+            migrated = True
+        if migrated:
+            self.telemetry.migrations.inc()
+        if self.logs is not None:
+            stage = stage or ("prefill" if pd else "aggregated")
+            self.logs.decision(ctx.request_id, ctx.session_id, decision.to_log(), stage=stage)
+            if ctx.session_id is not None:
+                self.logs.session_binding(
+                    ctx.session_id,
+                    ctx.worker,
+                    mode=self.mode,
+                    decode_worker=ctx.decode_worker,
+                    request_id=ctx.request_id,
+                )

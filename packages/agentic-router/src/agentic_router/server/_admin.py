@@ -1,0 +1,131 @@
+"""The endpoints around generation: /v1/models, /health, /state and /metrics.
+
+Read-only views of the proxy's state; none of them reserves load or
+changes routing (except that /health and /v1/models refresh what the
+breakers say about each engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agentic_router.server._accounting import Accounting, Endpoint
+from agentic_router.server._config import ServerConfig
+from agentic_router.server._exposition import Family, render
+from agentic_router.server._health import OPEN, STATE_CODE
+from agentic_router.server._upstream import EngineClient, json_error
+
+
+class AdminEndpoints:
+    def __init__(
+        self,
+        config: ServerConfig,
+        acct: Accounting,
+        client: EngineClient,
+        inflight: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.acct = acct
+        self.client = client
+        self._inflight = inflight
+
+    async def models(self, request: web.Request) -> web.Response:
+        session = self.client.session
+        assert session is not None
+        timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
+
+        async def one(ep: Endpoint) -> list[dict[str, Any]]:
+            try:
+                async with session.get(ep.spec.url + "/v1/models", timeout=timeout) as r:
+                    if r.status != 200:
+                        return []
+                    data = (await r.json(content_type=None)).get("data")
+                    return (
+                        [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+                    )
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError):
+                return []
+
+        usable = [ep for ep in self.acct.endpoints if ep.breaker.state != OPEN]
+        merged: dict[str, dict[str, Any]] = {}
+        for models in await asyncio.gather(*(one(ep) for ep in usable)):
+            for model in models:
+                merged.setdefault(str(model.get("id")), model)
+        if not merged:
+            return json_error(503, "no engine answered GET /v1/models")
+        return web.json_response({"object": "list", "data": list(merged.values())})
+
+    async def health(self, request: web.Request) -> web.Response:
+        acct = self.acct
+        acct.sync_health()
+        roles = {ep.role for ep in acct.endpoints if ep.breaker.usable()}
+        ok = ("prefill" in roles and "decode" in roles) if self.config.pd_mode else bool(roles)
+        body = {
+            "status": "ok" if ok else "unavailable",
+            "engines": {ep.spec.engine_id: ep.breaker.state for ep in acct.endpoints},
+        }
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def state(self, request: web.Request) -> web.Response:
+        token = self.config.admin_token
+        if not token:
+            return json_error(403, "GET /state is disabled: set --admin-token to enable it")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return json_error(
+                401,
+                "GET /state needs 'Authorization: Bearer <admin token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        acct = self.acct
+        body = {
+            "ts": time.time(),
+            "mode": acct.mode,
+            "inflight": self._inflight(),
+            "engines": [ep.to_dict() for ep in acct.endpoints],
+            "router": acct.core.snapshot(),
+            "feed": acct.core.feed_status(),
+            "config": self.config.redacted(),
+        }
+        return web.Response(text=json.dumps(body, default=str), content_type="application/json")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        acct = self.acct
+        families = acct.telemetry.families()
+        inflight = Family("agentic_router_inflight_requests", "gauge", "requests in flight")
+        inflight.set(value=float(self._inflight()))
+        breaker = Family(
+            "agentic_router_circuit_state",
+            "gauge",
+            "circuit breaker per engine: 0 closed, 1 half_open, 2 open",
+            ("engine",),
+        )
+        for ep in acct.endpoints:
+            breaker.set(ep.spec.engine_id, value=float(STATE_CODE[ep.breaker.state]))
+        families += [
+            inflight,
+            breaker,
+            *acct.core.metric_families([ep.spec.engine_id for ep in acct.endpoints]),
+        ]
+        if acct.logs is not None:
+            dropped = Family(
+                "agentic_router_log_records_dropped_total",
+                "counter",
+                "JSONL log records dropped (queue full or write error)",
+            )
+            dropped.set(value=float(acct.logs.dropped))
+            families.append(dropped)
+        return web.Response(
+            text=render(families),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )

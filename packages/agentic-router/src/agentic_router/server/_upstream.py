@@ -1,0 +1,391 @@
+"""Talking to engines: the pooled client, deadlines, relaying answers, health checks.
+
+- `Deadline`: `asyncio.timeout` whose expiry can be pushed later cheaply;
+- `EngineFailure`: an engine gave no usable answer (what the client gets, and
+  whether another engine may be tried);
+- `EngineClient`: one pooled aiohttp session to every engine; `forward` sends a
+  request and relays the answer (whole, or streamed chunk by chunk, never
+  buffered), under a connect timeout, a first-byte deadline and an idle
+  deadline, and reports each engine's failures and successes to `Accounting`;
+- `HealthChecker`: the active `GET /health` loop.
+
+It raises `EngineFailure` only while nothing has reached the client, so a
+retry is always safe; after that, errors go in-band (an SSE error event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from typing import Final
+
+import aiohttp
+import yarl
+from aiohttp import web
+
+from agentic_router.server._accounting import (
+    Accounting,
+    Endpoint,
+    RequestContext,
+    admission_reason,
+)
+from agentic_router.server._config import ServerConfig
+from agentic_router.server._health import OPEN
+from agentic_router.server._parse import error_body
+
+_FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
+RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
+_SSE_END: Final = b"\n\n"
+
+
+class Deadline:
+    """`asyncio.timeout` with a cheap `push`: moving the deadline later is one
+    attribute write (the timer re-arms itself when it fires early), so a stream
+    can renew its idle deadline on every chunk without touching the timer heap;
+    only a move to an earlier time reschedules the timer. On expiry the task is
+    cancelled and `TimeoutError` leaves the block."""
+
+    __slots__ = ("_armed", "_cancelling", "_handle", "_loop", "_task", "_when", "delay", "expired")
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.expired = False
+
+    async def __aenter__(self) -> Deadline:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._when = self._armed = self._loop.time() + self.delay
+        self._handle = self._loop.call_at(self._armed, self._fire)
+        return self
+
+    def push(self, delay: float) -> None:
+        """Expire `delay` seconds from now instead (earlier or later)."""
+        self._when = when = self._loop.time() + delay
+        if when < self._armed:
+            self._handle.cancel()
+            self._armed = when
+            self._handle = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        if self._loop.time() < self._when:
+            self._armed = self._when
+            self._handle = self._loop.call_at(self._when, self._fire)
+            return
+        self.expired = True
+        self._task.cancel()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: object, tb: object
+    ) -> None:
+        self._handle.cancel()
+        if (
+            self.expired
+            and exc_type is asyncio.CancelledError
+            and self._task.uncancel() <= self._cancelling
+        ):
+            raise TimeoutError
+
+
+class EngineFailure(Exception):
+    """The engine did not produce a usable answer; `status` is what the client gets."""
+
+    def __init__(self, status: int, message: str, *, retriable: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retriable = retriable
+        self.slot: int | None = None  # the engine that failed, when not the obvious one
+
+
+def json_error(
+    status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    """An error the router itself answers, in OpenAI's shape."""
+    return web.json_response(
+        error_body(status, message, param=param), status=status, headers=headers
+    )
+
+
+async def stream_error(out: web.StreamResponse, tail: bytes, status: int, message: str) -> None:
+    """End a started SSE stream with an error event (and no [DONE]): OpenAI clients
+    raise on an `error` event, and a client waiting for [DONE] sees a cut stream."""
+    event = b"data: " + json.dumps(error_body(status, message)).encode() + _SSE_END
+    prefix = b"" if tail.endswith(_SSE_END) else _SSE_END  # close a half-sent event first
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+        await out.write(prefix + event)
+        await out.write_eof()
+
+
+class EngineClient:
+    """The proxy's one pooled HTTP client to every engine (open for the app's lifetime)."""
+
+    def __init__(self, config: ServerConfig, acct: Accounting) -> None:
+        self.config = config
+        self.acct = acct
+        self.session: aiohttp.ClientSession | None = None
+        self._connect_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, connect=config.connect_timeout_s
+        )
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.config.max_inflight * 2,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=False,
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy never keeps an engine's cookies
+            timeout=self._connect_timeout,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def headers(self, ctx: RequestContext, forwarded_id: str | None = None) -> dict[str, str]:
+        """The client's headers an engine gets (auth, request id, trace context)."""
+        headers = {"Content-Type": "application/json"}
+        src = ctx.request.headers
+        for name in _FORWARD_HEADERS:
+            value = src.get(name)
+            if value is not None:
+                headers[name] = value
+        if forwarded_id is not None:
+            headers["X-Request-Id"] = forwarded_id
+        return headers
+
+    async def forward(
+        self,
+        ctx: RequestContext,
+        ep: Endpoint,
+        rid: str,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
+        """Send one request to one engine and relay its answer. Raises EngineFailure
+        only while nothing has been sent to the client (so a retry is safe)."""
+        url = ep.url(ctx.path)
+        if headers is None:
+            headers = self.headers(ctx)
+        upstream = await self.open(ep, url, body, headers)
+        try:
+            if upstream.status != 200:
+                return await self._relay_error(ctx, ep, upstream)
+            if ctx.parsed.stream:
+                return await self._relay_stream(ctx, ep, upstream, rid)
+            return await self._relay_full(ctx, ep, upstream, rid)
+        finally:
+            upstream.release()
+
+    async def open(
+        self, ep: Endpoint, url: str | yarl.URL, body: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST and wait for the response headers, within connect + first-byte deadlines."""
+        assert self.session is not None
+        try:
+            async with Deadline(self.config.first_byte_timeout_s):
+                return await self.session.post(url, data=body, headers=headers)
+        except TimeoutError:
+            self.acct.record_failure(ep, "timeout", "no response headers before first_byte_timeout")
+            raise EngineFailure(
+                504,
+                f"engine {ep.spec.engine_id} sent nothing within "
+                f"{self.config.first_byte_timeout_s}s",
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            self.acct.record_failure(ep, "connect", repr(exc))
+            raise EngineFailure(
+                502, f"cannot connect to engine {ep.spec.engine_id} at {ep.spec.url}: {exc}"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.acct.record_failure(ep, "disconnect", repr(exc))
+            raise EngineFailure(
+                502, f"engine {ep.spec.engine_id} closed the connection: {exc!r}"
+            ) from None
+
+    async def _relay_error(
+        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        acct = self.acct
+        try:
+            async with Deadline(self.config.first_byte_timeout_s):
+                data = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            data = b""
+        status = upstream.status
+        if status in RETRIABLE_STATUS:
+            acct.record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
+            raise EngineFailure(
+                status,
+                f"engine {ep.spec.engine_id} answered {status}: "
+                f"{data[:500].decode('utf-8', 'replace')}",
+            )
+        if status >= 500:
+            acct.record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
+        else:
+            acct.record_success(ep)  # a 4xx is the engine alive and judging the request
+        acct.count(ctx, f"engine_{status}")
+        acct.admission(ctx, ep.slot, False, admission_reason(status))
+        return web.Response(
+            body=data,
+            status=status,
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                **acct.worker_headers(ctx),
+            },
+        )
+
+    async def _relay_full(
+        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
+    ) -> web.StreamResponse:
+        acct = self.acct
+        try:
+            async with Deadline(self.config.first_byte_timeout_s):
+                data = await upstream.read()
+        except TimeoutError:
+            acct.record_failure(ep, "timeout", "body not complete before first_byte_timeout")
+            raise EngineFailure(504, f"engine {ep.spec.engine_id} timed out") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            acct.record_failure(ep, "cut", repr(exc))
+            raise EngineFailure(
+                502, f"engine {ep.spec.engine_id} cut the response short: {exc!r}"
+            ) from None
+        ctx.first_token = time.monotonic()
+        acct.core.mark_prefill_completed(rid)
+        acct.record_success(ep)
+        acct.count(ctx, "ok")
+        acct.admission(ctx, ep.slot, True, "ok")
+        return web.Response(
+            body=data,
+            status=200,
+            headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                **acct.worker_headers(ctx),
+            },
+        )
+
+    async def _relay_stream(
+        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
+    ) -> web.StreamResponse:
+        acct = self.acct
+        content = upstream.content
+        out: web.StreamResponse | None = None
+        tail = b""
+        broken: BaseException | None = None
+        try:
+            # One deadline, moved forward as bytes arrive: first byte, then idle gaps.
+            async with Deadline(self.config.first_byte_timeout_s) as deadline:
+                try:
+                    first = await content.readany()
+                except (aiohttp.ClientError, OSError) as exc:
+                    acct.record_failure(ep, "cut", repr(exc))
+                    raise EngineFailure(
+                        502, f"engine {ep.spec.engine_id} dropped the stream: {exc!r}"
+                    ) from None
+                if not first:
+                    acct.record_failure(ep, "cut", "empty stream")
+                    raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an empty stream")
+                # From here on the client gets bytes: no retry, errors go in-band.
+                ctx.first_token = time.monotonic()
+                acct.core.mark_prefill_completed(rid)
+                acct.admission(ctx, ep.slot, True, "ok")
+                out = web.StreamResponse(
+                    status=200,
+                    headers={
+                        "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                        "Cache-Control": "no-cache",
+                        **acct.worker_headers(ctx),
+                    },
+                )
+                idle = self.config.stream_idle_timeout_s
+                tail = first
+                try:
+                    ctx.started = True
+                    await out.prepare(ctx.request)
+                    await out.write(first)
+                    while True:
+                        deadline.push(idle)
+                        try:
+                            chunk = await content.readany()
+                        except (aiohttp.ClientError, OSError) as exc:
+                            broken = exc  # the engine side broke; the client is still there
+                            break
+                        if not chunk:
+                            break
+                        tail = chunk
+                        await out.write(chunk)
+                except (ConnectionResetError, asyncio.CancelledError):
+                    # The client left (or the deadline fired): close the upstream
+                    # connection so the engine aborts the request.
+                    upstream.close()
+                    raise
+        except TimeoutError:
+            upstream.close()
+            acct.record_failure(ep, "timeout", "stream silent too long")
+            if out is None:
+                raise EngineFailure(
+                    504,
+                    f"engine {ep.spec.engine_id} sent no token within "
+                    f"{self.config.first_byte_timeout_s}s",
+                ) from None
+            acct.count(ctx, "stream_timeout")
+            await stream_error(out, tail, 504, f"engine {ep.spec.engine_id} went silent")
+            return out
+        if broken is not None:
+            acct.record_failure(ep, "cut", repr(broken))
+            acct.count(ctx, "stream_broken")
+            await stream_error(
+                out, tail, 502, f"engine {ep.spec.engine_id} died mid-stream: {broken!r}"
+            )
+            return out
+        acct.record_success(ep)
+        acct.count(ctx, "ok")
+        with contextlib.suppress(ConnectionResetError):
+            await out.write_eof()
+        return out
+
+
+class HealthChecker:
+    """Every `health_check_interval_s`, `GET /health` on each engine; feeds the breakers."""
+
+    def __init__(self, config: ServerConfig, acct: Accounting, client: EngineClient) -> None:
+        self.config = config
+        self.acct = acct
+        self.client = client
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.gather(*(self.check(ep) for ep in self.acct.endpoints))
+            self.acct.sync_health()
+            await asyncio.sleep(self.config.health_check_interval_s)
+
+    async def check(self, ep: Endpoint) -> None:
+        session = self.client.session
+        assert session is not None
+        acct = self.acct
+        timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
+        try:
+            async with session.get(ep.spec.url + "/health", timeout=timeout) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                problem = f"GET /health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ok, problem = False, f"GET /health failed: {exc!r}"
+        if ok:
+            ep.last_health_ok = time.time()
+            if ep.breaker.state == OPEN:
+                ep.breaker.usable()  # moves to half_open when the cooldown is over
+            if ep.breaker.state != OPEN:
+                acct.record_success(ep)
+        else:
+            ep.health_checks_failed += 1
+            acct.record_failure(ep, "health", problem)
