@@ -1,7 +1,10 @@
 """What the fix does to a batch that holds degenerate requests.
 
 Owns the decision per request (defer, recompute, abort, or hand to upstream)
-and the undo of what admission did for a request taken out of a batch. It
+and the undo of what admission did for a request taken out of a batch. A
+``recompute`` is never decided from the setting alone: it needs a request that
+verifiably holds its whole conversation (``_requests.conversation_gap``), and
+is an abort with the reason in the client's error otherwise. It
 works on the Protocols of ``_requests`` and imports no SGLang at module level,
 so it is unit-tested with fakes. It must not allocate or free anything the
 scheduler has not already accounted for: it only returns resources the
@@ -24,6 +27,7 @@ from ._events import EVENT_DEGENERATE, Counters, emit, logger
 from ._requests import (
     BatchLike,
     SchedulerLike,
+    conversation_gap,
     extend_length,
     is_degenerate,
     prefix_length,
@@ -53,6 +57,24 @@ ABORT_MESSAGE = (
     "sglang_session_fix: the cached session KV ({prefix_len} tokens) covers the whole "
     "request ({fill_len} tokens); the session state is inconsistent, reopen the session"
 )
+ABORT_REASONS = {
+    "no_session_kv_to_release": "there is no session KV to release, so it would loop",
+    "fill_ids_not_whole_conversation": (
+        "its fill_ids hold only part of its conversation, so a recompute would drop history"
+    ),
+    "fill_ids_longer_than_conversation": (
+        "its fill_ids are longer than its conversation, so its tokens cannot be trusted"
+    ),
+    "fill_ids_differ_from_conversation": (
+        "its fill_ids are not its conversation's tokens, so a recompute would be wrong"
+    ),
+    "conversation_shorter_than_session_kv": (
+        "its tokens are fewer than the KV its session committed, so they lack the "
+        "session's history and a recompute would drop it"
+    ),
+    "cannot_read_conversation": "its conversation cannot be read, so a recompute is unsafe",
+}
+"""Why a ``recompute`` was turned into an abort, as the client's error message says it."""
 
 
 class AllRequestsDeferred(Exception):
@@ -141,14 +163,37 @@ class BatchScreener:
         elif self.settings.action is Action.ABORT:
             action = "aborted"
         else:
-            _, streaming = session_info(req)
-            releasable = streaming and callable(getattr(batch.tree_cache, "release_session", None))
+            action = self._recompute_or_abort(req, batch, snapshot)
+        return _Decision(req, action, snapshot)
+
+    def _recompute_or_abort(self, req: Any, batch: BatchLike, snapshot: dict[str, Any]) -> str:
+        """``recompute`` only for a request that verifiably holds its whole conversation.
+
+        A recompute prefills the request from its own tokens after dropping the
+        session's KV: from a partial conversation it would answer from a truncated
+        history without any error. Which case applied is logged (``conversation``,
+        ``reason``) and an abort says why in the client's error.
+        """
+        session_id, streaming = session_info(req)
+        cache = batch.tree_cache
+        session_kv: int | None = None
+        if streaming:
+            slot = getattr(cache, "slots", {}).get(session_id)
+            committed = getattr(slot, "kv_committed_len", None)
+            if committed is None:  # restored into the request by the session cache
+                committed = getattr(req, "kv_committed_len", None)
+            session_kv = committed if isinstance(committed, int) else None
+        gap = conversation_gap(req, session_kv)
+        snapshot["conversation"] = "whole" if gap is None else "partial"
+        if gap is not None:
+            snapshot["reason"] = gap
+            return "aborted"
+        if not (streaming and callable(getattr(cache, "release_session", None))):
             # Without a session slot there is no stale KV to give back, and the
             # cache would hand the same prefix again: abort rather than loop.
-            action = "recompute" if releasable else "aborted"
-            if not releasable:
-                snapshot["reason"] = "no_session_kv_to_release"
-        return _Decision(req, action, snapshot)
+            snapshot["reason"] = "no_session_kv_to_release"
+            return "aborted"
+        return "recompute"
 
     def _carry_out(
         self, decision: _Decision, batch: BatchLike, scheduler: SchedulerLike
@@ -167,7 +212,11 @@ class BatchScreener:
             # Detached first: otherwise the next match restores the slot into the
             # aborted request and its 1-token finish overwrites the session.
             req.session = None
-            req.set_finish_with_abort(ABORT_MESSAGE.format(**decision.snapshot))
+            message = ABORT_MESSAGE.format(**decision.snapshot)
+            reason = decision.snapshot.get("reason")
+            if reason in ABORT_REASONS:
+                message += f"; not recomputed: {ABORT_REASONS[reason]} ({reason})"
+            req.set_finish_with_abort(message)
             return {"session_released": released}
         return {}
 

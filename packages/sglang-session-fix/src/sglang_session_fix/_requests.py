@@ -18,6 +18,7 @@ __all__ = [
     "ReqLike",
     "SchedulerLike",
     "TreeCacheLike",
+    "conversation_gap",
     "extend_length",
     "is_degenerate",
     "prefix_length",
@@ -28,6 +29,9 @@ __all__ = [
 
 class ReqLike(Protocol):
     rid: str
+    origin_input_ids: Sequence[int]
+    output_ids: Sequence[int]
+    fill_ids: Sequence[int]
     req_pool_idx: int | None
     last_node: Any
     prefix_indices: Any
@@ -93,3 +97,36 @@ def session_info(req: Any) -> tuple[str | None, bool]:
     if session is None:
         return None, False
     return getattr(session, "session_id", None), bool(getattr(session, "streaming", False))
+
+
+def conversation_gap(req: Any, session_kv_len: int | None) -> str | None:
+    """Why ``req`` cannot be prefilled again from its own tokens; None when it can.
+
+    ``recompute`` drops the session's KV and prefills ``origin_input_ids +
+    output_ids`` (what ``init_next_round_input`` rebuilds ``fill_ids`` from), so it
+    is correct only when those tokens are the whole conversation. Checked here
+    with what the request actually holds (SGLang <= 0.5.12 field names):
+
+    * ``fill_ids`` is upstream's invariant: ``origin_input_ids + output_ids``,
+      cut short only by chunked prefill (``is_chunked``). A request whose
+      ``fill_ids`` is anything else (a fork that puts only the new turn there,
+      for instance) has been built by code that does not follow upstream, and
+      its own tokens cannot be trusted to be the conversation.
+    * A streaming session is append-only upstream: every turn's tokens extend
+      the previous turn's, so a request whose tokens are fewer than the KV its
+      session has committed (``session_kv_len``) cannot hold that history.
+    """
+    try:
+        conversation = [*req.origin_input_ids, *req.output_ids]
+        fill = list(req.fill_ids)
+    except (AttributeError, TypeError):
+        return "cannot_read_conversation"
+    if len(fill) > len(conversation):
+        return "fill_ids_longer_than_conversation"
+    if len(fill) < len(conversation) and not getattr(req, "is_chunked", 0):
+        return "fill_ids_not_whole_conversation"
+    if fill != conversation[: len(fill)]:
+        return "fill_ids_differ_from_conversation"
+    if session_kv_len is not None and len(conversation) < session_kv_len:
+        return "conversation_shorter_than_session_kv"
+    return None

@@ -33,7 +33,10 @@ class Action(StrEnum):
     """What happens to a degenerate request once its deferrals are used up."""
 
     RECOMPUTE = "recompute"
-    """Release the stale session KV and prefill the request from its own tokens."""
+    """Release the stale session KV and prefill the request from its own tokens.
+
+    Only a request that holds its whole conversation; any other is aborted.
+    """
     ABORT = "abort"
     """Detach the session, then finish the request with a clear error."""
     RAISE = "raise"
@@ -56,8 +59,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         ENV_ACTION,
         Action.RECOMPUTE.value,
-        "After the deferrals: recompute (release stale session KV, full prefill), "
-        "abort (finish the request with an error) or raise (upstream behaviour).",
+        "After the deferrals: recompute (release stale session KV, full prefill; only a "
+        "request holding its whole conversation, others are aborted), abort (finish the "
+        "request with an error) or raise (upstream behaviour).",
     ),
     Setting(
         ENV_MAX_DEFERS,

@@ -59,13 +59,35 @@ TINY_CONFIG = {
 SGLANG_VERSION = importlib.metadata.version("sglang")
 
 
+DETECTION_ERRORS: list[str] = []
+"""Imports that failed for another reason than the module not being in this release."""
+
+
 def _import_first(*names: str) -> Any:
+    """The first of ``names`` this release has; None when it has none of them.
+
+    Only "this release has no such module" counts as absent. Anything else (a
+    module that exists and fails to import, a class renamed inside it) is
+    recorded in DETECTION_ERRORS, so the guard test fails instead of the
+    streaming-session tests skipping as if the release had no sessions.
+    """
     for name in names:
         module_name, _, attr = name.rpartition(".")
         try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError):
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            missing = err.name or ""
+            if missing and (module_name == missing or module_name.startswith(missing + ".")):
+                continue  # not in this release
+            DETECTION_ERRORS.append(f"{name}: {err!r}")
             continue
+        except Exception as err:  # a real failure, never "absent"
+            DETECTION_ERRORS.append(f"{name}: {err!r}")
+            continue
+        if not hasattr(module, attr):
+            DETECTION_ERRORS.append(f"{name}: {module_name} has no {attr}")
+            continue
+        return getattr(module, attr)
     return None
 
 
@@ -79,6 +101,8 @@ Session = _import_first(
     "sglang.srt.managers.session_controller.Session",
 )
 HAS_STREAMING_SESSIONS = SessionCache is not None and Session is not None
+STREAMING_SESSIONS_EXPECTED = tuple(int(p) for p in SGLANG_VERSION.split(".")[:3]) >= (0, 5, 10)
+"""Streaming sessions arrived in 0.5.10: every supported release from there must have them."""
 
 
 def write_tiny_model(directory: Path) -> Path:
@@ -142,9 +166,18 @@ class OverlongPrefixCache(ChunkCache):
 if HAS_STREAMING_SESSIONS:
 
     class ForkLikeSessionCache(SessionCache):  # type: ignore[misc,valid-type]
-        """The fork's session restore: the slot's whole committed KV becomes the prefix."""
+        """The fork's session restore: the slot's whole committed KV becomes the prefix.
+
+        ``new_turn_only`` (rid -> length) also gives the fork's request shape from
+        the incident report: ``fill_ids`` holds only the new turn while the history
+        lives in the session's KV (the fork's ``extend_input_len`` was ``fill_len``).
+        """
 
         unclamped = True
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self.new_turn_only: dict[str, int] = {}
 
         def match_prefix(self, params: Any) -> Any:
             req = params.req
@@ -154,6 +187,9 @@ if HAS_STREAMING_SESSIONS:
                 slot = self.slots.get(session.session_id)
             if not self.unclamped or slot is None or slot.req_pool_idx is None:
                 return super().match_prefix(params)
+            new_turn = self.new_turn_only.get(req.rid)
+            if new_turn is not None:
+                req.fill_ids = req.fill_ids[-new_turn:]
             slot.restore_to_req(req)
             prefix_len = req.kv_committed_len  # the fork: no min(..., len(key) - 1)
             pool = self.req_to_token_pool.req_to_token
@@ -199,6 +235,10 @@ class Engine:
         inner = OverlongPrefixCache(params)
         self.overlong = inner.overlong
         self.injected: dict[str, torch.Tensor] = {}
+        if streaming and not HAS_STREAMING_SESSIONS:
+            raise RuntimeError(
+                f"SGLang {SGLANG_VERSION}: streaming sessions did not import: {DETECTION_ERRORS}"
+            )
         self.cache: Any = ForkLikeSessionCache(inner) if streaming else inner
         self.scheduler = self._scheduler(args, n_reqs)
         self.sessions: dict[str, Any] = {}
@@ -294,9 +334,31 @@ class Engine:
         return first
 
     def degenerate_turn(self, session_id: str, rid: str, keep: int = 10) -> Req:
-        """A turn whose input is shorter than the KV the session slot has committed."""
+        """A turn whose input is shorter than the KV the session slot has committed.
+
+        Its tokens are consistent (``fill_ids`` = its own prompt) but lack the
+        session's history: a recompute from them would drop that history.
+        """
         req = self.session_turn(session_id, rid, [21, 22])
         req.origin_input_ids = req.origin_input_ids[-keep:]
+        return req
+
+    def new_turn_only_turn(self, session_id: str, rid: str, new_turn: list[int]) -> Req:
+        """The fork's request: the conversation in its prompt, only ``new_turn`` in fill_ids."""
+        req = self.session_turn(session_id, rid, new_turn)
+        self.cache.new_turn_only[rid] = len(new_turn)
+        return req
+
+    def whole_conversation_turn(self, session_id: str, rid: str) -> Req:
+        """A turn that holds its whole conversation, every token of it already in the session's KV.
+
+        The prompt is exactly the tokens the slot has committed (as after a
+        retract): the fork restores all of them as the prefix, nothing is left to
+        extend, and a recompute from the request's own tokens is correct.
+        """
+        committed = self.cache.slots[session_id].kv_committed_len
+        req = self.session_turn(session_id, rid, [21, 22])
+        req.origin_input_ids = req.origin_input_ids[:committed]
         return req
 
     # -- running -------------------------------------------------------------------
@@ -376,8 +438,10 @@ def install_fork_correction() -> Any:
 
 
 __all__ = [
+    "DETECTION_ERRORS",
     "HAS_STREAMING_SESSIONS",
     "SGLANG_VERSION",
+    "STREAMING_SESSIONS_EXPECTED",
     "Engine",
     "events",
     "install_fork_correction",

@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import SGLANG_VERSION, Engine, events
+from harness import (
+    DETECTION_ERRORS,
+    HAS_STREAMING_SESSIONS,
+    SGLANG_VERSION,
+    STREAMING_SESSIONS_EXPECTED,
+    Engine,
+    events,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +38,13 @@ pytestmark = pytest.mark.contract
 def applied() -> None:
     result = PATCH.apply()
     assert result.applied, result
+
+
+def test_streaming_session_feature_detection_succeeds() -> None:
+    # Guard: a streaming-session module that fails to import must fail here, not
+    # make the streaming-session tests skip as if this release had no sessions.
+    assert DETECTION_ERRORS == []
+    assert HAS_STREAMING_SESSIONS == STREAMING_SESSIONS_EXPECTED, SGLANG_VERSION
 
 
 def test_upstream_unpatched_builds_a_negative_extend_batch(model_dir: Path) -> None:

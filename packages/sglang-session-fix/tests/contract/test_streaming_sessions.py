@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import HAS_STREAMING_SESSIONS, Engine, events
+from harness import STREAMING_SESSIONS_EXPECTED, Engine, events
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,11 @@ from sglang_session_fix._settings import ENV_ACTION, ENV_ENABLED, ENV_MAX_DEFERS
 
 pytestmark = [
     pytest.mark.contract,
-    pytest.mark.skipif(not HAS_STREAMING_SESSIONS, reason="no streaming sessions before 0.5.10"),
+    # Skipped only where the release has none; a failed import fails the tests
+    # (and test_streaming_session_feature_detection_succeeds) instead.
+    pytest.mark.skipif(
+        not STREAMING_SESSIONS_EXPECTED, reason="this release predates streaming sessions (0.5.10)"
+    ),
 ]
 
 HISTORY = 40
@@ -102,12 +106,15 @@ def test_all_degenerate_batch_yields_no_prefill_batch(model_dir: Path) -> None:
 
 
 @pytest.mark.usefixtures("patched")
-def test_recompute_returns_stale_kv_and_the_request_completes_prefill(model_dir: Path) -> None:
+def test_recompute_of_a_whole_conversation_returns_stale_kv_and_completes(
+    model_dir: Path, log: pytest.LogCaptureFixture
+) -> None:
     engine = Engine(model_dir, streaming=True)
     s = engine.scheduler
     empty = engine.free()
     engine.session_with_history("sess-1", HISTORY)
-    bad = engine.degenerate_turn("sess-1", "turnX")
+    bad = engine.whole_conversation_turn("sess-1", "turnX")
+    conversation = list(bad.origin_input_ids)
     s.waiting_queue.append(bad)
 
     assert s.get_new_batch_prefill() is None  # round 1: deferred
@@ -120,12 +127,90 @@ def test_recompute_returns_stale_kv_and_the_request_completes_prefill(model_dir:
     assert batch is not None
     assert [r.rid for r in batch.reqs] == ["turnX"]
     assert batch.prefix_lens == [0]
-    assert batch.extend_lens == [len(bad.fill_ids)] == [10]
+    assert batch.extend_lens == [HISTORY]
+    assert bad.fill_ids == conversation  # the whole conversation is computed again
+    assert bad.to_finish is None
     engine.finish(batch)
-    assert engine.cache.slots["sess-1"].kv_committed_len == 10  # the session goes on
+    assert engine.cache.slots["sess-1"].kv_committed_len == HISTORY  # the session goes on
     stats = PATCH.stats()
     assert stats["action_deferred"] == 1
     assert stats["action_recompute"] == 1
+    assert "action_aborted" not in stats
+    recompute = events(log.records, EVENT_DEGENERATE)[-1]
+    assert (recompute["action"], recompute["conversation"]) == ("recompute", "whole")
+
+
+def run_to_terminal_action(engine: Engine, bad: Any) -> None:
+    """Rounds 1 and 2 with the default settings: one deferral, then the action."""
+    s = engine.scheduler
+    s.waiting_queue.append(bad)
+    assert s.get_new_batch_prefill() is None  # deferred
+    assert s.get_new_batch_prefill() is None  # the action, before anything is allocated
+
+
+@pytest.mark.usefixtures("patched")
+def test_fork_request_holding_only_the_new_turn_is_aborted_never_recomputed(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, log: pytest.LogCaptureFixture
+) -> None:
+    from sglang.srt.managers import schedule_batch
+
+    monkeypatch.setattr(schedule_batch, "get_tensor_model_parallel_rank", lambda: 0)
+    engine = Engine(model_dir, streaming=True)
+    empty = engine.free()
+    engine.session_with_history("sess-1", HISTORY)
+    # As in the incident: fill_ids hold the new turn only, the history is the
+    # session's committed KV, so the restored prefix is longer than fill_ids.
+    bad = engine.new_turn_only_turn("sess-1", "turnX", [21, 22, 23, 24, 25, 26])
+
+    run_to_terminal_action(engine, bad)
+
+    assert list(bad.fill_ids) != list(bad.origin_input_ids)  # never re-prefilled from them
+    assert bad.to_finish is not None
+    message = str(bad.to_finish.message)
+    assert "not recomputed" in message
+    assert "fill_ids_not_whole_conversation" in message
+    assert "would drop history" in message
+    assert bad.session is None
+    assert engine.free() == empty  # the session's KV went back before detaching
+    stats = PATCH.stats()
+    assert stats["action_aborted"] == 1
+    assert "action_recompute" not in stats
+    actions = [
+        (e["action"], e.get("conversation"), e.get("reason"), e["fill_len"], e["prefix_len"])
+        for e in events(log.records, EVENT_DEGENERATE)
+    ]
+    assert actions == [
+        ("deferred", None, None, 6, HISTORY),
+        ("aborted", "partial", "fill_ids_not_whole_conversation", 6, HISTORY),
+    ]
+    # The abort is reported through a 1-token prefill; no history-less answer is computed.
+    batch = engine.scheduler.get_new_batch_prefill()
+    assert batch is not None
+    assert [r.rid for r in batch.reqs] == ["turnX"]
+    assert batch.extend_lens == [1]
+
+
+@pytest.mark.usefixtures("patched")
+def test_a_turn_shorter_than_its_session_history_is_aborted_not_recomputed(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, log: pytest.LogCaptureFixture
+) -> None:
+    from sglang.srt.managers import schedule_batch
+
+    monkeypatch.setattr(schedule_batch, "get_tensor_model_parallel_rank", lambda: 0)
+    engine = Engine(model_dir, streaming=True)
+    empty = engine.free()
+    engine.session_with_history("sess-1", HISTORY)
+    # fill_ids agree with its own prompt, but 10 tokens cannot hold 40 of history.
+    bad = engine.degenerate_turn("sess-1", "turnX")
+
+    run_to_terminal_action(engine, bad)
+
+    assert bad.to_finish is not None
+    assert "conversation_shorter_than_session_kv" in str(bad.to_finish.message)
+    assert engine.free() == empty
+    assert "action_recompute" not in PATCH.stats()
+    aborted = events(log.records, EVENT_DEGENERATE)[-1]
+    assert (aborted["action"], aborted["conversation"]) == ("aborted", "partial")
 
 
 @pytest.mark.usefixtures("patched")
@@ -249,6 +334,10 @@ turn_plan = st.lists(
 def test_no_request_lost_and_no_slot_leaked_with_sessions(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, plan: list[tuple[int, str]], max_defers: int
 ) -> None:
+    from sglang.srt.managers import schedule_batch
+
+    # Turns shorter than their session's history end in an abort (no TP group here).
+    monkeypatch.setattr(schedule_batch, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setenv(ENV_MAX_DEFERS, str(max_defers))
     PATCH.revert()
     assert PATCH.apply().applied
@@ -278,7 +367,12 @@ def test_no_request_lost_and_no_slot_leaked_with_sessions(
                 req = engine.session_turn(sid, rid, [40, 41, 42])
             else:
                 req = engine.degenerate_turn(sid, rid)
-                degenerate.append(req)
+                slot = engine.cache.slots.get(sid)
+                if slot is not None and len(req.origin_input_ids) <= slot.kv_committed_len:
+                    # Degenerate only while its session holds more KV than it has
+                    # tokens: an abort releases that KV, and the turns after it
+                    # build a new, short history.
+                    degenerate.append(req)
             if kind != "plain":
                 busy.add(sid)
                 owner[rid] = sid

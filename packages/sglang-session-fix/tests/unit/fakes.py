@@ -33,9 +33,13 @@ class FakeReq:
     finished_with: str | None = None
     fill_ids: list[int] = field(init=False)
     prefix_indices: list[int] = field(init=False)
+    origin_input_ids: list[int] = field(init=False)
+    output_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.fill_ids = list(range(self.n_input))
+        # Upstream's invariant: fill_ids is the whole conversation (prompt + output).
+        self.origin_input_ids = list(range(self.n_input))
+        self.fill_ids = list(self.origin_input_ids)
         self.prefix_indices = list(range(100, 100 + self.prefix))
 
     def set_finish_with_abort(self, error_msg: str) -> None:

@@ -101,18 +101,91 @@ def test_the_chunked_request_state_is_undone() -> None:
     assert bad.is_chunked == 0
 
 
-def test_recompute_releases_the_session_slot_and_resets_the_request() -> None:
+def test_recompute_releases_the_session_slot_and_resets_the_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     cache = FakeCache()
     cache.slots["s1"] = FakeSlot(req_pool_idx=3, kv_committed_len=40)
-    bad = session_req()
+    bad = session_req(n_input=40)  # the whole conversation, all of it in the session's KV
     s = screener(max_defers=0, action=Action.RECOMPUTE)
-    s.screen(FakeBatch([bad], cache), FakeScheduler())
+    with caplog.at_level(logging.WARNING, logger="sglang_session_fix"):
+        s.screen(FakeBatch([bad], cache), FakeScheduler())
+    event = json.loads(caplog.records[0].getMessage())
+    assert (event["action"], event["conversation"]) == ("recompute", "whole")
+    assert "reason" not in event
+    assert bad.finished_with is None
     assert cache.released == ["s1"]
     assert bad.req_pool_idx is None  # the row went back with the slot
     assert bad.prefix_indices == []
     assert bad.last_node is None
     assert bad.kv_committed_len == bad.kv_allocated_len == 0
     assert bad.session is not None  # the session goes on
+    assert s.counters.snapshot()["action_recompute"] == 1
+
+
+def new_turn_only(req: FakeReq, new_turn: int) -> FakeReq:
+    """The fork's shape: the conversation in origin_input_ids, only the new turn in fill_ids."""
+    req.origin_input_ids = list(range(req.n_input + new_turn))
+    req.fill_ids = req.origin_input_ids[-new_turn:]
+    return req
+
+
+@pytest.mark.parametrize(
+    ("shape", "reason"),
+    [
+        ("new_turn_only", "fill_ids_not_whole_conversation"),
+        ("shorter_than_session", "conversation_shorter_than_session_kv"),
+        ("other_tokens", "fill_ids_differ_from_conversation"),
+        ("longer_fill", "fill_ids_longer_than_conversation"),
+        ("unreadable", "cannot_read_conversation"),
+    ],
+)
+def test_recompute_of_a_partial_conversation_is_an_abort_with_the_reason(
+    caplog: pytest.LogCaptureFixture, shape: str, reason: str
+) -> None:
+    cache = FakeCache()
+    cache.slots["s1"] = FakeSlot(req_pool_idx=3, kv_committed_len=40)
+    bad = session_req(n_input=40)
+    if shape == "new_turn_only":
+        new_turn_only(bad, 6)
+    elif shape == "shorter_than_session":
+        bad = session_req(n_input=10)  # its own tokens agree, but 10 < the session's 40
+    elif shape == "other_tokens":
+        bad.fill_ids = [t + 1 for t in bad.fill_ids]
+    elif shape == "longer_fill":
+        bad = session_req(n_input=40, committed=41)
+        bad.fill_ids = [*bad.fill_ids, 0]
+    else:
+        del bad.origin_input_ids
+    s = screener(max_defers=0, action=Action.RECOMPUTE)
+    sched = FakeScheduler()
+    with caplog.at_level(logging.WARNING, logger="sglang_session_fix"):
+        s.screen(FakeBatch([bad], cache), sched)
+    event = json.loads(caplog.records[0].getMessage())
+    assert (event["action"], event["conversation"], event["reason"]) == (
+        "aborted",
+        "partial",
+        reason,
+    )
+    assert bad.finished_with is not None
+    assert "not recomputed: " in bad.finished_with
+    assert reason in bad.finished_with
+    assert bad.session is None  # detached: the 1-token abort round cannot touch the slot
+    assert cache.released == ["s1"]
+    assert sched.waiting_queue == [bad]
+    assert s.counters.snapshot()["action_aborted"] == 1
+    assert "action_recompute" not in s.counters.snapshot()
+
+
+def test_a_chunked_request_holds_a_prefix_of_its_conversation_and_may_recompute() -> None:
+    cache = FakeCache()
+    cache.slots["s1"] = FakeSlot(req_pool_idx=3, kv_committed_len=40)
+    bad = session_req(n_input=40)
+    bad.origin_input_ids = list(range(60))  # 20 tokens not scheduled yet: chunked prefill
+    bad.is_chunked = 1
+    s = screener(max_defers=0, action=Action.RECOMPUTE)
+    s.screen(FakeBatch([bad], cache), FakeScheduler())
+    assert bad.finished_with is None
     assert s.counters.snapshot()["action_recompute"] == 1
 
 
