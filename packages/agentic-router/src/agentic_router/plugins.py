@@ -35,11 +35,18 @@ ALLOW_ENV = "AGENTIC_ROUTER_PLUGINS"
 BUILTIN_NAME = "builtin"
 
 
+def allow_list(names: Iterable[str] | None) -> frozenset[str] | None:
+    """The entry-point names to load: None (every installed plugin) for None or a
+    list holding "*"; otherwise exactly those (an empty list loads none)."""
+    if names is None:
+        return None
+    allowed = frozenset(n.strip() for n in names if n.strip())
+    return None if "*" in allowed else allowed
+
+
 def _allow_from_env() -> frozenset[str] | None:
     raw = os.environ.get(ALLOW_ENV)
-    if raw is None or raw.strip() == "*":
-        return None
-    return frozenset(p.strip() for p in raw.split(",") if p.strip())
+    return None if raw is None else allow_list(raw.split(","))
 
 
 def make_plugin_manager(
@@ -61,7 +68,7 @@ def make_plugin_manager(
     failed: dict[str, str] = {}
     skipped: list[str] = []
     if load_entry_points:
-        allowed = frozenset(allow) if allow is not None else _allow_from_env()
+        allowed = allow_list(allow) if allow is not None else _allow_from_env()
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             if allowed is not None and ep.name not in allowed:
                 skipped.append(ep.name)

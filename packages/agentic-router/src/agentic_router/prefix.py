@@ -25,9 +25,6 @@ from typing import Final
 # The parent of block 0. Any fixed value works; it only has to be the same
 # everywhere the chain is computed.
 ROOT_HASH: Final = 0
-# A rough, model-independent token estimate for text: ~4 characters per token
-# for English and code in BPE vocabularies.
-CHARS_PER_TOKEN: Final = 4
 
 
 def _chain(parent: int, payload: bytes) -> int:
@@ -76,18 +73,3 @@ def block_hashes_from_text(text: str, chunk_chars: int) -> tuple[int, ...]:
 def block_hashes_from_ids(hash_ids: Sequence[int]) -> tuple[int, ...]:
     """Chain per-block ids such as Mooncake's `hash_ids` (already prefix-equal)."""
     return chain_payloads(int(i).to_bytes(8, "little", signed=True) for i in hash_ids)
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate for a text prompt (at least 1 if non-empty)."""
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-
-
-def matched_blocks(request_hashes: Sequence[int], held: set[int] | frozenset[int]) -> int:
-    """How many leading blocks of `request_hashes` are in `held`."""
-    n = 0
-    for h in request_hashes:
-        if h not in held:
-            break
-        n += 1
-    return n

@@ -8,16 +8,13 @@ the proxy validates the body before it gets here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import pluggy
 
-from agentic_router.prefix import (
-    CHARS_PER_TOKEN,
-    block_hashes_from_text,
-    block_hashes_from_tokens,
-)
+from agentic_router.prefix import block_hashes_from_text, block_hashes_from_tokens
 from agentic_router.types import RouterConfig, RoutingRequest
 
 __all__ = ["build_routing_request"]
@@ -72,8 +69,8 @@ def build_routing_request(
 
     Prefix identity: token ids in the body (`prompt` as a token list,
     `prompt_token_ids` or `input_ids`), else the agentic_router_tokenize hook,
-    else text chunks of block_size x 4 characters (prompt length estimated at
-    4 characters per token).
+    else text chunks of block_size x chars_per_token characters (prompt length
+    estimated at chars_per_token characters per token; RouterConfig).
     """
     cfg = config or RouterConfig()
     bs = cfg.block_size
@@ -89,12 +86,20 @@ def build_routing_request(
             request_id, session_id, len(ids), block_hashes_from_tokens(ids, bs), bs, max_tokens
         )
     text = _message_text(body)
-    tokens = (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    tokens, chunk = text_geometry(len(text), cfg.chars_per_token, bs)
     return RoutingRequest(
         request_id,
         session_id,
         tokens,
-        block_hashes_from_text(text, bs * CHARS_PER_TOKEN),
+        block_hashes_from_text(text, chunk),
         bs,
         max_tokens,
     )
+
+
+def text_geometry(chars: int, chars_per_token: float, block_size: int) -> tuple[int, int]:
+    """(estimated tokens, characters per block) of a text prompt of `chars` characters."""
+    if float(chars_per_token).is_integer():
+        c = int(chars_per_token)
+        return (chars + c - 1) // c, block_size * c
+    return math.ceil(chars / chars_per_token), max(1, round(block_size * chars_per_token))

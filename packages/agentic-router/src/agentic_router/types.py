@@ -1,16 +1,17 @@
 """The routing vocabulary every other module speaks: requests, knobs, events.
 
-A leaf: it imports nothing of the router's, so any module (a policy, the
+A leaf (it imports only `agentic_router.settings`, another leaf), so any module (a policy, the
 proxy, the simulator, a third-party plugin) can name these types without
 pulling in the Router facade. Owns only plain data and its validation.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentic_router.settings import fraction, non_negative, positive, setting, validate
 
 __all__ = ["Clock", "RealStateRules", "RouterConfig", "RouterEvent", "RoutingRequest"]
 
@@ -58,63 +59,104 @@ class RouterEvent:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Every routing knob, with its default."""
+    """Every routing knob: each field is the knob's one declaration (`setting`), from
+    which `serve`'s flag, environment twin and YAML key are derived."""
 
     # effective-state rule
-    use_real_state: bool = True  # False: ignore the feed entirely (shadow-only)
-    max_age_s: float = 0.5  # a snapshot older than this is stale
-    big_prefill_threshold: int = 32768  # tokens; max_prefill_remaining >= this = stall risk
-    kv_wall_frac: float = 0.95  # gpu_kv_used_frac >= this = capacity wall
-    stall_hold_s: float = 30.0  # stale after a big-prefill snapshot reads as stalled this long
-    step_stall_s: float = 5.0  # fresh snapshot, no scheduler step this long, running > 0: stalled
+    use_real_state: bool = setting(
+        True, "read the engine-state feed (false: decide on the router's own shadow only)"
+    )
+    max_age_s: float = setting(
+        0.5,
+        "a snapshot older than this is stale and ignored",
+        key="state_max_age_ms",
+        scale=1000.0,
+        check=positive,
+    )
+    big_prefill_threshold: int = setting(
+        32768,
+        "tokens: a started prefill with at least this many left is a stall risk",
+        check=positive,
+    )
+    kv_wall_frac: float = setting(
+        0.95, "gpu_kv_used_frac at or above this is a capacity wall", check=fraction(open_low=True)
+    )
+    stall_hold_s: float = setting(
+        30.0,
+        "a feed gone stale right after a big-prefill snapshot reads as stalled for this long",
+        check=positive,
+    )
+    step_stall_s: float = setting(
+        5.0,
+        "a fresh snapshot whose scheduler has not stepped for this long while it has running "
+        "requests reads as stalled",
+        check=positive,
+    )
     # policies
-    overload_factor: float = 1.3  # unified: leave home above this x max(mean load, 1)
-    min_cache_hit: float = 0.3  # unified: leave home below this cached fraction
-    lmetric_decode_weight: float = 0.0  # lmetric: cost per ongoing decode token
-    seed: int = 0  # random policy and any plugin randomness
+    overload_factor: float = setting(
+        1.3, "unified: leave home above this x max(mean load, 1)", check=positive
+    )
+    min_cache_hit: float = setting(
+        0.3, "unified: leave home below this cached fraction of the prompt", check=fraction()
+    )
+    lmetric_decode_weight: float = setting(0.0, "lmetric: cost per effective ongoing decode token")
+    seed: int = setting(0, "seed of the random policy and of any plugin randomness")
     # prefix identity and registry bounds
-    block_size: int = 64  # tokens per block when the router hashes token ids or text
-    registry_capacity_blocks: int = 8192  # per worker (512k tokens at 64 per block)
-    registry_ttl_s: float = 600.0
-    session_capacity: int = 100_000
-    session_ttl_s: float = 3600.0
-    freed_memory: int = 65536  # recently freed ids remembered to count duplicate Frees
+    block_size: int = setting(
+        64, "tokens per prefix block when the router hashes token ids or text", check=positive
+    )
+    chars_per_token: float = setting(
+        4.0,
+        "prompt characters per token, to estimate a text prompt's length and cut it into "
+        "blocks when no token ids are available",
+        check=positive,
+    )
+    registry_capacity_blocks: int = setting(
+        8192, "prefix blocks remembered per worker (LRU beyond)", check=positive
+    )
+    registry_ttl_s: float = setting(
+        600.0, "a prefix block not touched for this long is forgotten", check=positive
+    )
+    session_capacity: int = setting(
+        100_000, "sessions whose home worker is remembered (LRU beyond)", check=positive
+    )
+    session_ttl_s: float = setting(
+        3600.0, "a session idle this long loses its home worker", check=positive
+    )
+    freed_memory: int = setting(
+        65536,
+        "recently freed request ids remembered, to tell a duplicate Free from an unknown one",
+        check=positive,
+    )
     # feed and reconcile
     engine_map: Mapping[str, int] | None = None  # engine_id -> worker; default engine_i -> i
-    feed_period_s: float = 0.05
-    reconcile_period_s: float = 30.0
-    reconcile_grace_s: float = 10.0  # engine below shadow this long before freeing
-    reconcile_min_age_s: float = 60.0  # only shadow entries at least this old are freed
+    feed_period_s: float = setting(
+        0.05,
+        "how often the engine-state feed is read",
+        key="state_poll_interval_ms",
+        scale=1000.0,
+        check=positive,
+    )
+    reconcile_period_s: float = setting(
+        10.0,
+        "feed off: how often each engine's /metrics is scraped to reconcile the shadow (0 = off)",
+        key="metrics_reconcile_interval_s",
+        check=non_negative,
+    )
+    reconcile_grace_s: float = setting(
+        10.0,
+        "reconcile: an engine must run fewer requests than the shadow holds this long before "
+        "the shadow's oldest entries are freed",
+        check=non_negative,
+    )
+    reconcile_min_age_s: float = setting(
+        60.0, "reconcile: only shadow entries at least this old are freed", check=non_negative
+    )
     # plugin knobs, by plugin-chosen key
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_age_s",
-            "stall_hold_s",
-            "step_stall_s",
-            "feed_period_s",
-            "reconcile_period_s",
-            "registry_ttl_s",
-            "session_ttl_s",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        for name in (
-            "big_prefill_threshold",
-            "block_size",
-            "registry_capacity_blocks",
-            "session_capacity",
-            "freed_memory",
-        ):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value > 0):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0.0 < self.kv_wall_frac <= 1.0:
-            raise ValueError(f"kv_wall_frac must be in (0, 1], got {self.kv_wall_frac!r}")
-        if self.overload_factor <= 0 or not 0.0 <= self.min_cache_hit <= 1.0:
-            raise ValueError("overload_factor must be > 0 and min_cache_hit in [0, 1]")
+        validate(self)
 
     @property
     def rules(self) -> RealStateRules:

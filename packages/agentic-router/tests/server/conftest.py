@@ -16,7 +16,7 @@ from agentic_router.server import ServerConfig
 # test asks, small timeouts so failure paths finish quickly.
 BASE: dict[str, Any] = {
     "health_check_interval_s": 0.0,
-    "metrics_reconcile_interval_s": 0.0,
+    "router_options": ("reconcile_period_s=0",),
     "connect_timeout_s": 2.0,
     "first_byte_timeout_s": 10.0,
     "stream_idle_timeout_s": 10.0,
@@ -27,6 +27,7 @@ BASE: dict[str, Any] = {
 def config(**overrides: Any) -> ServerConfig:
     values = dict(BASE)
     values.update(overrides)
+    values["router_options"] = BASE["router_options"] + tuple(overrides.get("router_options", ()))
     for key in ("engines", "prefill", "decode"):
         if key in values:
             values[key] = tuple(values[key])

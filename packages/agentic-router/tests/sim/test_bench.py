@@ -17,7 +17,8 @@ from agentic_router.cli.analyze import analyze_dir
 from agentic_router.server import ServerConfig
 from agentic_router.server.testing import FakeEngine, running_router
 from agentic_router.sim import AgenticParams, Trace, generate_agentic, write_mooncake
-from agentic_router.sim._bench import BenchConfig, BenchRunner, PromptSynth
+from agentic_router.sim._bench import BenchConfig, BenchRunner
+from agentic_router.sim._prompts import PromptSynth
 from agentic_router.sim._trace import iter_sessions
 
 FIRST_TOKEN_DELAY_S = 0.02
@@ -54,7 +55,7 @@ def server_config(engines: list[str], log_dir: Path) -> ServerConfig:
         engines=tuple(engines),
         policy="sticky",
         health_check_interval_s=0.0,
-        metrics_reconcile_interval_s=0.0,
+        router_options=("reconcile_period_s=0",),
         log_dir=str(log_dir),
     )
 

@@ -28,7 +28,7 @@ RULE_LABEL = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from agentic_router.migration._knobs import add_arguments as add_knobs
+    from agentic_router.migration.settings import add_arguments as add_knobs
 
     parser.add_argument(
         "--part",
@@ -298,7 +298,7 @@ def v3_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentic_router.migration._knobs import extra_from_args
+    from agentic_router.migration.settings import extra_from_args
 
     extra = extra_from_args(args)
     extra.pop("migration_rule", None)

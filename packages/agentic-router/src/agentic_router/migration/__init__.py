@@ -16,14 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agentic_router.migration._knobs import (
-    KNOBS,
-    Knob,
-    MigrationSettings,
-    add_arguments,
-    extra_from_args,
-    settings_from,
-)
 from agentic_router.migration._kvaware import KvAwareScorer
 from agentic_router.migration._mechb import UnifiedV3Selector
 from agentic_router.migration.admission import (
@@ -32,6 +24,14 @@ from agentic_router.migration.admission import (
     VIA_PREFILL,
     AdmissionOutcome,
     AdmissionReason,
+)
+from agentic_router.migration.settings import (
+    KNOBS,
+    Knob,
+    MigrationSettings,
+    add_arguments,
+    extra_from_args,
+    settings_from,
 )
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agentic_router.builtin import MigrationTargetScorer
-from agentic_router.migration._knobs import MigrationSettings
 from agentic_router.migration.admission import DIRECT, VIA_PREFILL, AdmissionOutcome
+from agentic_router.migration.settings import MigrationSettings
 
 if TYPE_CHECKING:
     from agentic_router.policy import ScoringContext

@@ -7,7 +7,7 @@ decodes; the KV flows home -> target (Decision.decode_worker). A recent-
 migration penalty over a sliding window keeps a burst of moves from landing on
 one target. Knobs: v3_min_new_tokens, v3_min_busy_decodes,
 v3_target_load_ratio, v3_min_load_gap, v3_penalty_window_s,
-v3_penalty_per_migration (see `agentic_router.migration._knobs`).
+v3_penalty_per_migration (see `agentic_router.migration.settings`).
 
 The Router's shadow keeps a moved request on its prefill worker; this selector
 corrects the decode counts it compares with the moves it made (between the
@@ -20,7 +20,7 @@ from collections import Counter, OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Final
 
 from agentic_router.builtin import GatedSessionAffinity, is_big_prefill, is_kv_wall
-from agentic_router.migration._knobs import MigrationSettings
+from agentic_router.migration.settings import MigrationSettings
 
 if TYPE_CHECKING:
     from agentic_router.policy import ScoringContext

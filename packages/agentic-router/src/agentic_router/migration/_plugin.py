@@ -2,7 +2,7 @@
 as the built-ins (the plugin-manager factory registers this module as ``pd``).
 
 Knob values come from `RouterConfig.extra` > AGENTIC_* environment > defaults
-(`agentic_router.migration._knobs`); a bad value fails the Router's construction with
+(`agentic_router.migration.settings`); a bad value fails the Router's construction with
 a message naming the knob.
 """
 
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from agentic_router.builtin import AFFINITY_WEIGHT
 from agentic_router.hookspecs import hookimpl
-from agentic_router.migration._knobs import settings_from
 from agentic_router.migration._kvaware import KvAwareScorer
 from agentic_router.migration._mechb import PrefillGatedAffinity, UnifiedV3Selector
+from agentic_router.migration.settings import settings_from
 from agentic_router.policy import PolicySpec, Scorer
 
 if TYPE_CHECKING:

@@ -1,9 +1,14 @@
-"""Settings of `agentic-router serve`: one declaration per setting.
+"""Settings of `agentic-router serve`: the proxy's own, and the routing knobs.
 
-Each field of `ServerConfig` is the single declaration of a setting: its
-default, its one-line help, its CLI flag and its `AGENTIC_*` environment twin
-are all derived from it, and `--config router.yaml` uses the field names as
-keys. Precedence: command line > environment > YAML file > default.
+Every setting is declared once (`agentic_router.settings.setting`): the
+proxy's in `ServerConfig` below, the routing knobs in `RouterConfig`
+(`agentic_router.types`) and the kv_aware / unified_v3 knobs in
+`MigrationSettings` (`agentic_router.migration.settings`). Each has a flag, an
+`AGENTIC_*` environment twin and a YAML key (`--config router.yaml`), all
+derived from its declaration. Precedence: command line > environment > YAML
+file > default. Routing knobs reach the pools' Routers as router options
+(`key=value`, the field name in its own unit), after any `--router-option`,
+so the more specific setting wins.
 
 This module owns parsing and validation of settings only; it must not import
 aiohttp or the routing core (the CLI parses flags before paying for either).
@@ -14,14 +19,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
-ENV_PREFIX = "AGENTIC_"
+from agentic_router import settings as _settings
+from agentic_router.migration.settings import MigrationSettings
+from agentic_router.settings import (
+    ENV_PREFIX,
+    Declared,
+    SettingError,
+    at_least,
+    non_negative,
+    positive,
+    setting,
+)
+from agentic_router.types import RouterConfig
 
 # Headers read for session identity, in order. X-Session-Id is ours and the
 # vLLM router's first consistent-hash key (`X-Session-ID`); X-SMG-Routing-Key
@@ -37,24 +52,8 @@ DEFAULT_SESSION_HEADERS = ("x-session-id", "x-smg-routing-key", "x-sgl-routing-k
 DEFAULT_SESSION_FIELDS = ("session_id", "session_params.session_id", "user")
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingError):
     """A setting with a bad value; the message names the setting and its source."""
-
-
-def setting(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    env: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    secret: bool = False,
-) -> Any:
-    """Declare one setting (a dataclass field carrying its help, flag and env name)."""
-    return field(
-        default=default,
-        metadata={"help": help, "flag": flag, "env": env, "choices": choices, "secret": secret},
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +92,9 @@ class ServerConfig:
         choices=("vllm", "sglang"),
     )
     prefill_bootstrap_port: int = setting(
-        8998, "SGLang prefill servers' disaggregation bootstrap port (SGLang's default)"
+        8998,
+        "SGLang prefill servers' disaggregation bootstrap port (SGLang's default)",
+        check=positive,
     )
     policy: str = setting("unified", "routing policy (a name registered through the plugin hooks)")
     decode_policy: str | None = setting(
@@ -107,8 +108,9 @@ class ServerConfig:
     )
     router_options: tuple[str, ...] = setting(
         (),
-        "routing knob as key=value, repeatable: a RouterConfig field (overload_factor=1.5, "
-        "block_size=16, ...) or a plugin knob (RouterConfig.extra)",
+        "routing knob as key=value, repeatable: a RouterConfig field in its own unit "
+        "(overload_factor=1.5, max_age_s=0.5, ...) or a plugin knob (RouterConfig.extra); the "
+        "routing flags below are the same knobs and win over this",
         flag="--router-option",
     )
     engine_state_uri: str | None = setting(
@@ -116,43 +118,48 @@ class ServerConfig:
         "engine-state feed URI (file:///dev/shm/..., redis://...); unset = feed off",
         env="AGENTIC_ENGINE_STATE_URI",
     )
-    state_poll_interval_ms: float = setting(50.0, "how often the feed is read")
-    state_max_age_ms: float = setting(500.0, "a snapshot older than this is stale and ignored")
-    metrics_reconcile_interval_s: float = setting(
-        10.0,
-        "feed off: how often each engine's /metrics is scraped to reconcile the shadow (0=off)",
-    )
     host: str = setting("0.0.0.0", "address to listen on")
     port: int = setting(8000, "port to listen on")
     admin_token: str | None = setting(
         None, "bearer token for GET /state; /state answers 403 while unset", secret=True
     )
-    max_body_bytes: int = setting(32 * 1024 * 1024, "largest request body accepted (413 above)")
-    max_inflight: int = setting(4096, "requests in flight before new ones get 503")
-    connect_timeout_s: float = setting(5.0, "timeout to connect to an engine")
+    max_body_bytes: int = setting(
+        32 * 1024 * 1024, "largest request body accepted (413 above)", check=at_least(1)
+    )
+    max_inflight: int = setting(
+        4096, "requests in flight before new ones get 503", check=at_least(1)
+    )
+    connect_timeout_s: float = setting(5.0, "timeout to connect to an engine", check=positive)
     first_byte_timeout_s: float = setting(
-        600.0, "timeout from sending a request to the engine's first body byte"
+        600.0, "timeout from sending a request to the engine's first body byte", check=positive
     )
-    stream_idle_timeout_s: float = setting(300.0, "longest silence allowed between stream chunks")
+    stream_idle_timeout_s: float = setting(
+        300.0, "longest silence allowed between stream chunks", check=positive
+    )
     max_retries: int = setting(
-        1, "retries on another engine for a request that has not started streaming"
+        1,
+        "retries on another engine for a request that has not started streaming",
+        check=non_negative,
     )
-    health_check_interval_s: float = setting(5.0, "active health check period (0 = off)")
-    health_check_timeout_s: float = setting(2.0, "timeout of one health check")
+    health_check_interval_s: float = setting(
+        5.0, "active health check period (0 = off)", check=non_negative
+    )
+    health_check_timeout_s: float = setting(2.0, "timeout of one health check", check=positive)
     failure_threshold: int = setting(
-        3, "consecutive failures (passive or active) that open an engine's circuit breaker"
+        3,
+        "consecutive failures (passive or active) that open an engine's circuit breaker",
+        check=at_least(1),
     )
     circuit_open_s: float = setting(
-        10.0, "how long an open circuit refuses traffic before one trial request"
+        10.0,
+        "how long an open circuit refuses traffic before one trial request",
+        check=non_negative,
     )
     session_headers: tuple[str, ...] = setting(
         DEFAULT_SESSION_HEADERS, "headers read for the session id, first present wins"
     )
     session_fields: tuple[str, ...] = setting(
         DEFAULT_SESSION_FIELDS, "request body fields read for the session id after the headers"
-    )
-    chars_per_token: float = setting(
-        4.0, "prompt characters per token, to estimate prompt length from text"
     )
     log_dir: str | None = setting(
         None, "directory for routing-decisions/session-binding/admission-events JSONL logs"
@@ -165,28 +172,16 @@ class ServerConfig:
     )
 
     def __post_init__(self) -> None:
+        try:
+            _settings.validate(self)
+        except SettingError as exc:
+            raise ConfigError(str(exc)) from None
         if self.engines and (self.prefill or self.decode):
             raise ConfigError("use either --engine (aggregated) or --prefill/--decode (P/D)")
         if not self.engines and not (self.prefill and self.decode):
             raise ConfigError(
                 "no engines: give --engine URL (aggregated) or both --prefill and --decode (P/D)"
             )
-        for name in ("max_body_bytes", "max_inflight", "failure_threshold"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
-        for name in (
-            "connect_timeout_s",
-            "first_byte_timeout_s",
-            "stream_idle_timeout_s",
-            "health_check_timeout_s",
-            "state_poll_interval_ms",
-            "state_max_age_ms",
-            "chars_per_token",
-        ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0")
-        if self.max_retries < 0 or self.health_check_interval_s < 0:
-            raise ConfigError("max_retries and health_check_interval_s must be >= 0")
         for spec in (*self.engine_specs(), *self.prefill_specs(), *self.decode_specs()):
             parts = urlsplit(spec.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -221,13 +216,7 @@ class ServerConfig:
 
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-able data, with secrets hidden (for /state and logs)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.metadata.get("secret") and value is not None:
-                value = "***"
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return _settings.redacted(self)
 
 
 def _specs(entries: Sequence[str], prefix: str) -> list[EngineSpec]:
@@ -241,102 +230,32 @@ def _specs(entries: Sequence[str], prefix: str) -> list[EngineSpec]:
     return specs
 
 
-# ---- deriving flags, env names and YAML keys from the declarations ----
+# ---- flags, environment twins and YAML keys, derived from the declarations ----
+
+#: the routing knobs serve exposes (forwarded to the Routers as router options)
+ROUTING_SETTINGS: Final = (RouterConfig, MigrationSettings)
 
 
-def _meta(f: dataclasses.Field[Any]) -> tuple[str, str]:
-    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-    env = f.metadata.get("env") or ENV_PREFIX + f.name.upper()
-    return flag, env
+def _all_settings() -> dict[str, Declared]:
+    return _settings.exposed((ServerConfig, *ROUTING_SETTINGS))
 
 
-_HINTS: dict[str, Any] | None = None
-
-
-def _hints() -> dict[str, Any]:
-    global _HINTS  # noqa: PLW0603 - computed once, after the class exists
-    if _HINTS is None:
-        _HINTS = typing.get_type_hints(ServerConfig)
-    return _HINTS
-
-
-def _is_list(name: str) -> bool:
-    return typing.get_origin(_hints()[name]) is tuple
-
-
-def _scalar_type(name: str) -> type:
-    hint = _hints()[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint  # type: ignore[no-any-return]
+def _routing_keys() -> frozenset[str]:
+    return frozenset(_settings.exposed(ROUTING_SETTINGS))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting; unset flags stay None so env and YAML can fill them."""
     parser.add_argument(
-        "--config", metavar="YAML", help="YAML file of settings (keys are the flag names)"
+        "--config", metavar="YAML", help="YAML file of settings (keys are the setting names)"
     )
-    for f in dataclasses.fields(ServerConfig):
-        flag, env = _meta(f)
-        default = f.default
-        shown = list(default) if isinstance(default, tuple) else default
-        help_text = f"{f.metadata['help']} (env {env}; default {shown})"
-        if _is_list(f.name):
-            parser.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
-        elif _scalar_type(f.name) is bool:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                default=None,
-                choices=f.metadata.get("choices"),
-                help=help_text,
-                metavar=f.name.upper(),
-            )
-    # kv_aware / unified_v3 knobs (--migration-rule ...; declared in
-    # agentic_router.migration._knobs, env twins AGENTIC_MIGRATION_RULE ... read there);
-    # they reach RouterConfig.extra
-    from agentic_router.migration._knobs import add_arguments as add_pd_knobs
-
-    add_pd_knobs(parser)
-
-
-def _coerce(name: str, raw: Any, source: str) -> Any:
-    """Turn a value from the CLI, env or YAML into the field's type, or raise ConfigError."""
-    try:
-        if _is_list(name):
-            if isinstance(raw, str):
-                items = [p.strip() for p in raw.split(",")]
-            elif isinstance(raw, list | tuple):
-                items = [str(p).strip() for p in raw]
-            elif isinstance(raw, dict):  # YAML mapping form of key=value lists
-                items = [f"{k}={v}" for k, v in raw.items()]
-            else:
-                raise TypeError(f"expected a list, got {type(raw).__name__}")
-            return tuple(p for p in items if p)
-        kind = _scalar_type(name)
-        if raw is None:
-            return None
-        if kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"not a boolean: {raw!r}")
-        if kind is int and isinstance(raw, bool | float):
-            raise TypeError(f"expected an integer, got {raw!r}")
-        return kind(raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name} from {source}: {exc}") from None
+    _settings.add_arguments(parser, _settings.declared(ServerConfig))
+    group = parser.add_argument_group("routing (RouterConfig; also as --router-option key=value)")
+    _settings.add_arguments(
+        group, [d for d in _settings.declared(RouterConfig) if d.setting.exposed]
+    )
+    group = parser.add_argument_group("session migration and Mechanism B (kv_aware, unified_v3)")
+    _settings.add_arguments(group, _settings.declared(MigrationSettings))
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
@@ -352,13 +271,13 @@ def _read_yaml(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path} must be a mapping of setting: value")
-    known = {f.name for f in dataclasses.fields(ServerConfig)}
+    known = _all_settings()
+    # a setting's key, or its flag's name (`engine:` for `--engine`), `-` or `_`
+    aliases = {d.flag.lstrip("-").replace("-", "_"): key for key, d in known.items()}
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        name = {"engine": "engines", "plugin": "plugins", "router_option": "router_options"}.get(
-            name, name
-        )
+        name = aliases.get(name, name)
         if name not in known:
             raise ConfigError(f"--config {path}: unknown setting {key!r}")
         out[name] = value
@@ -370,30 +289,61 @@ def load_config(
 ) -> ServerConfig:
     """Merge command line > environment > YAML (`--config`) > defaults into a ServerConfig."""
     env = os.environ if env is None else env
-    values: dict[str, Any] = {}
     yaml_path = getattr(args, "config", None) or env.get(ENV_PREFIX + "CONFIG")
-    if yaml_path:
-        for name, raw in _read_yaml(yaml_path).items():
-            values[name] = _coerce(name, raw, f"--config {yaml_path}")
-    for f in dataclasses.fields(ServerConfig):
-        flag, env_name = _meta(f)
-        if env_name in env:
-            values[f.name] = _coerce(f.name, env[env_name], f"env {env_name}")
-        cli = getattr(args, f.name, None) if args is not None else None
-        if cli is not None:
-            values[f.name] = _coerce(f.name, cli, flag)
-    for f in dataclasses.fields(ServerConfig):
-        choices = f.metadata.get("choices")
-        if choices and f.name in values and values[f.name] not in choices:
-            raise ConfigError(f"{f.name} must be one of {', '.join(choices)}")
-    if args is not None:  # pd knobs given as flags become router options (beat their env twins)
-        from agentic_router.migration._knobs import extra_from_args
+    yaml = _read_yaml(yaml_path) if yaml_path else None
+    known = _all_settings()
+    routing = _routing_keys()
+    try:
+        server = _settings.from_sources(
+            {k: d for k, d in known.items() if k not in routing},
+            args=args,
+            env=env,
+            yaml=yaml,
+            yaml_source=f"--config {yaml_path}",
+        )
+        knobs = _settings.from_sources(
+            {k: d for k, d in known.items() if k in routing},
+            args=args,
+            env=env,
+            yaml=yaml,
+            yaml_source=f"--config {yaml_path}",
+        )
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    if knobs:  # after any --router-option, so the specific setting wins
+        given = tuple(server.get("router_options", ()))
+        server["router_options"] = given + tuple(f"{k}={v}" for k, v in knobs.items())
+    return ServerConfig(**server)
 
+
+def router_config(config: ServerConfig, engine_ids: Sequence[str]) -> RouterConfig:
+    """RouterConfig from `config.router_options` (`key=value`: a RouterConfig field in its
+    own unit, or a setting's key in its external unit; any other key is a plugin knob,
+    kept as a string in RouterConfig.extra) and the pool's engine ids."""
+    by_name = {d.name: d for d in _settings.declared(RouterConfig)}
+    by_key = {d.key: d for d in _settings.declared(RouterConfig)}
+    values: dict[str, Any] = {
+        "engine_map": {engine_id: i for i, engine_id in enumerate(engine_ids)}
+    }
+    extra: dict[str, Any] = {}
+    for option in config.router_options:
+        key, sep, raw = option.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"--router-option must be key=value, got {option!r}")
+        d = by_name.get(key) or by_key.get(key)
+        if d is None:
+            extra[key] = raw  # a plugin knob (RouterConfig.extra)
+            continue
         try:
-            pd_knobs = extra_from_args(args)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if pd_knobs:
-            given = tuple(values.get("router_options", ()))
-            values["router_options"] = given + tuple(f"{k}={v}" for k, v in pd_knobs.items())
-    return ServerConfig(**values)
+            values[d.name] = _settings.coerce(d, raw, "--router-option", external=key != d.name)
+        except SettingError:
+            raise ConfigError(
+                f"--router-option {key}: {raw!r} is not a {d.kind.__name__}"
+            ) from None
+    if extra:
+        values["extra"] = extra
+    try:
+        return RouterConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"router options: {exc}") from None

@@ -16,7 +16,6 @@ exported on /metrics.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,50 +26,14 @@ from agentic_router.migration import thrash_metrics
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.request import build_routing_request
 from agentic_router.router import Router
-from agentic_router.server._config import ConfigError, ServerConfig
+from agentic_router.server._config import ConfigError, ServerConfig, router_config
 from agentic_router.server._exposition import Family
 from agentic_router.server._parse import ParsedRequest
-from agentic_router.types import RouterConfig, RoutingRequest
+from agentic_router.types import RoutingRequest
 
 PREFILL = "prefill"
 DECODE = "decode"
 BOTH = "both"
-
-
-def router_config(config: ServerConfig, engine_ids: Sequence[str]) -> RouterConfig:
-    """RouterConfig from the proxy settings plus `--router-option key=value` overrides."""
-    hints = typing.get_type_hints(RouterConfig)
-    values: dict[str, Any] = {
-        "max_age_s": config.state_max_age_ms / 1000.0,
-        "feed_period_s": config.state_poll_interval_ms / 1000.0,
-        "engine_map": {engine_id: i for i, engine_id in enumerate(engine_ids)},
-    }
-    if config.metrics_reconcile_interval_s > 0:
-        values["reconcile_period_s"] = config.metrics_reconcile_interval_s
-    extra: dict[str, Any] = {}
-    for option in config.router_options:
-        key, sep, raw = option.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise ConfigError(f"--router-option must be key=value, got {option!r}")
-        hint = hints.get(key)
-        if hint is None or key in ("engine_map", "extra"):
-            extra[key] = raw  # a plugin knob (RouterConfig.extra)
-            continue
-        kind = bool if hint is bool else int if hint is int else float if hint is float else str
-        try:
-            if kind is bool:
-                values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-            else:
-                values[key] = kind(raw)
-        except ValueError:
-            raise ConfigError(f"--router-option {key}: {raw!r} is not a {kind.__name__}") from None
-    if extra:
-        values["extra"] = extra
-    try:
-        return RouterConfig(**values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"router options: {exc}") from None
 
 
 @dataclass
@@ -93,8 +56,7 @@ class RoutingCore:
         self.config = config
         self.pm = plugin_manager
         if self.pm is None:
-            allow = [p for p in config.plugins if p != "*"] if config.plugins else None
-            self.pm = make_plugin_manager(allow=allow)
+            self.pm = make_plugin_manager(allow=config.plugins or None)
         self.pools: dict[str, Pool] = {}
         self._slot_pool: list[Pool] = []
         for role in (BOTH, PREFILL, DECODE):
@@ -208,7 +170,7 @@ class RoutingCore:
             feed: Feed | None = None
             if self.config.engine_state_uri:
                 feed = StateFeed(pool.router, self.config.engine_state_uri)
-            elif self.config.metrics_reconcile_interval_s > 0:
+            elif pool.router.config.reconcile_period_s > 0:
                 specs = self._specs(pool)
                 feed = MetricsReconciler(
                     pool.router,

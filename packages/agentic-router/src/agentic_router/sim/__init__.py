@@ -7,8 +7,9 @@ The `replay`, `demo`, `bench` and `analyze` subcommands live here too.
 """
 
 from agentic_router.sim._config import RunResult, SimConfig, Topology
-from agentic_router.sim._engine import EngineMetricsSample, SimEngine, SimRequest
+from agentic_router.sim._engine import SimEngine
 from agentic_router.sim._model import CostModel, EngineConfig, HardwareProfile, ModelProfile
+from agentic_router.sim._request import EngineMetricsSample, SimRequest
 from agentic_router.sim._sim import Simulation, run_matrix, run_one
 from agentic_router.sim._trace import (
     AgenticParams,

@@ -32,7 +32,7 @@ from agentic_router.engine_metrics import EngineMetrics
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.router import Router
 from agentic_router.sim._config import SimConfig
-from agentic_router.sim._engine import EngineMetricsSample, SimRequest
+from agentic_router.sim._request import EngineMetricsSample, SimRequest
 from agentic_router.types import Clock, RouterConfig, RoutingRequest
 
 AGGREGATED = "aggregated"

@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 from agentic_router.migration.admission import DIRECT, VIA_PREFILL, AdmissionReason
 from agentic_router.sim._adapter import RouterDriver
 from agentic_router.sim._config import RunResult, SimConfig
-from agentic_router.sim._engine import SimEngine, SimRequest
+from agentic_router.sim._engine import SimEngine
 from agentic_router.sim._model import blocks_for
+from agentic_router.sim._request import SimRequest
 from agentic_router.sim._sim import Simulation
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from agentic_router.sim._engine import SimRequest
 from agentic_router.sim._model import EngineConfig
+from agentic_router.sim._request import SimRequest
 
 #: DESIGN §1/§4 (the project's own observation, no published figure): a very large
 #: prefill holds the engine's Python thread, so the state publisher cannot run. We

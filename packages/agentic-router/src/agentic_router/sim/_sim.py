@@ -33,7 +33,8 @@ from typing import Any, Final
 from agentic_common import DropReason, EngineState
 from agentic_router.sim._adapter import RouterDriver
 from agentic_router.sim._config import RunResult, SimConfig
-from agentic_router.sim._engine import SimEngine, SimRequest
+from agentic_router.sim._engine import SimEngine
+from agentic_router.sim._request import SimRequest
 from agentic_router.sim._trace import Trace, TraceRequest
 
 # event kinds, in tie-break order at equal times: finish steps before new arrivals

@@ -72,7 +72,7 @@ def _config(server: VLLMServer, state_uri: str) -> ServerConfig:
         admin_token=TOKEN,
         policy="unified",
         health_check_interval_s=1.0,
-        metrics_reconcile_interval_s=0.0,
+        router_options=("reconcile_period_s=0",),
     )
 
 
