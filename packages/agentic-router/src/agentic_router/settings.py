@@ -277,7 +277,8 @@ def _scalar(kind: type, raw: Any) -> Any:
 def validate(obj: Any) -> None:
     """Check every declared field of a dataclass instance: its type, its choices
     and its `check`. Raises SettingError('<name> must be ..., got ...')."""
-    for d in declared(type(obj)):
+    cls: type = type(obj)
+    for d in declared(cls):
         value = getattr(obj, d.name)
         if value is None and d.optional:
             continue
