@@ -8,13 +8,24 @@ One FakeScheduler per waiting-queue layout vLLM has had in the supported range:
 Each keeps `requests` and its queues the way vLLM does, and answers
 `get_request_counts()` the way that version does, so a test can hold the
 snapshot against the fake's own counters.
+
+The prefix cache is faked the way vLLM >= 0.29 lays it out (one KV cache group
+managed by a `FullAttentionManager`, a `BlockPool` whose `get_cached_block`
+reads a `BlockHashToBlockMap`), with chained block hashes, so the snapshot's
+read-only lookup can be held against vLLM's own linear walk
+(`FullAttentionManager.find_longest_cache_hit`, mirrored here).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import itertools
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
+
+BLOCK_SIZE = 16
 
 LAYOUTS = ("waiting", "skipped_waiting", "kv_holding")
 
@@ -43,6 +54,8 @@ class FakeRequest:
         computed: int = 0,
         status: Status = Status.WAITING,
         kv_transfer_params: dict[str, Any] | None = None,
+        block_hashes: list[bytes] | None = None,
+        skip_reading_prefix_cache: bool = False,
     ) -> None:
         self.request_id = request_id
         self.num_prompt_tokens = prompt
@@ -50,24 +63,124 @@ class FakeRequest:
         self.num_computed_tokens = computed
         self.status = status
         self.kv_transfer_params = kv_transfer_params
+        # vLLM hashes every full block of prompt + outputs as it goes.
+        self.block_hashes = [] if block_hashes is None else block_hashes
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
 
     @property
     def num_tokens(self) -> int:
         return self.num_prompt_tokens + self.num_output_tokens
 
 
+def chain_hashes(blocks: Iterable[object], parent: bytes = b"") -> list[bytes]:
+    """vLLM-style chained block hashes: each one covers its block and every block before."""
+    hashes = []
+    for block in blocks:
+        parent = hashlib.sha256(parent + repr(block).encode()).digest()
+        hashes.append(parent)
+    return hashes
+
+
+def make_key(block_hash: bytes, group_id: int) -> bytes:
+    """vLLM's make_block_hash_with_group_id: the hash, then the group id on 4 bytes."""
+    return block_hash + group_id.to_bytes(4, "big", signed=False)
+
+
+class FakeBlock:
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+
+
+class BlockHashToBlockMap:
+    def __init__(self) -> None:
+        self._cache: dict[bytes, FakeBlock] = {}
+
+    def get_one_block(self, key: bytes) -> FakeBlock | None:
+        return self._cache.get(key)
+
+
 class FakeBlockPool:
-    def __init__(self, num_gpu_blocks: int, free: int | None = None) -> None:
+    def __init__(
+        self, num_gpu_blocks: int, free: int | None = None, hash_block_size: int = BLOCK_SIZE
+    ) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.free = num_gpu_blocks - 1 if free is None else free
+        self.hash_block_size = hash_block_size
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self._ids = itertools.count(1)
 
     def get_num_free_blocks(self) -> int:
         return self.free
 
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> Any:
+        cached_blocks = []
+        for group_id in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block.get_one_block(make_key(block_hash, group_id))
+            if not block:
+                return None
+            cached_blocks.append(block)
+        return cached_blocks
+
+    # test controls (vLLM caches a block once computed, drops it when evicted)
+    def cache(self, block_hashes: Iterable[bytes], group_id: int = 0) -> None:
+        for block_hash in block_hashes:
+            self.cached_block_hash_to_block._cache[make_key(block_hash, group_id)] = FakeBlock(
+                next(self._ids)
+            )
+
+    def evict(self, block_hashes: Iterable[bytes], group_id: int = 0) -> None:
+        for block_hash in block_hashes:
+            self.cached_block_hash_to_block._cache.pop(make_key(block_hash, group_id), None)
+
+
+class FullAttentionManager:
+    """vLLM's single-type manager for full attention; only what the snapshot reads."""
+
+    def __init__(self, block_size: int = BLOCK_SIZE, group_id: int = 0) -> None:
+        self.block_size = block_size
+        self.kv_cache_group_id = group_id
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int, pool: FakeBlockPool
+    ) -> int:
+        """vLLM's walk, the oracle: blocks cached from the start, within max_length tokens."""
+        hits = 0
+        for block_hash in itertools.islice(block_hashes, max_length // self.block_size):
+            if not pool.get_cached_block(block_hash, [self.kv_cache_group_id]):
+                break
+            hits += 1
+        return hits
+
+
+class SlidingWindowManager(FullAttentionManager):
+    """A manager whose cache lookup is not the full-attention walk."""
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int, pool: FakeBlockPool
+    ) -> int:
+        return 0
+
+
+class FakeCoordinator:
+    def __init__(self, managers: tuple[Any, ...], eagle_group_ids: set[int] | None = None) -> None:
+        self.single_type_managers = managers
+        self.eagle_group_ids = set() if eagle_group_ids is None else eagle_group_ids
+
 
 class FakeKVCacheManager:
-    def __init__(self, pool: FakeBlockPool) -> None:
+    def __init__(
+        self,
+        pool: FakeBlockPool,
+        *,
+        enable_caching: bool = True,
+        managers: tuple[Any, ...] | None = None,
+        eagle_group_ids: set[int] | None = None,
+    ) -> None:
         self.block_pool = pool
+        self.enable_caching = enable_caching
+        self.coordinator = FakeCoordinator(
+            (FullAttentionManager(),) if managers is None else managers, eagle_group_ids
+        )
 
 
 class FakeParallelConfig:
@@ -86,6 +199,10 @@ class FakeScheduler:
         layout: str = "kv_holding",
         num_gpu_blocks: int = 101,
         parallel_config: FakeParallelConfig | None = None,
+        *,
+        enable_caching: bool = True,
+        managers: tuple[Any, ...] | None = None,
+        eagle_group_ids: set[int] | None = None,
     ) -> None:
         assert layout in LAYOUTS
         self.layout = layout
@@ -97,7 +214,12 @@ class FakeScheduler:
         if layout == "kv_holding":
             self.kv_holding_waiting: deque[FakeRequest] = deque()
             self.deferred_waiting: set[str] = set()
-        self.kv_cache_manager = FakeKVCacheManager(FakeBlockPool(num_gpu_blocks))
+        self.kv_cache_manager = FakeKVCacheManager(
+            FakeBlockPool(num_gpu_blocks),
+            enable_caching=enable_caching,
+            managers=managers,
+            eagle_group_ids=eagle_group_ids,
+        )
         self.parallel_config = parallel_config or FakeParallelConfig()
 
     # vLLM's own counters, per layout

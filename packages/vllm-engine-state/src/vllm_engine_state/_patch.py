@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agentic_common import StateWriter
+from vllm_engine_state._prefix_cache import prefix_cache_view
 from vllm_engine_state._publisher import LAST_STEP_ATTR, Publisher
 from vllm_engine_state._settings import Settings, SettingsError, engine_id_for
 
@@ -334,11 +335,15 @@ class EngineStateInstrumentor:
         with self._lock:
             self._publishers[scheduler] = publisher
         publisher.start()
+        view = prefix_cache_view(scheduler)
         log.info(
-            "vllm-engine-state: %s publishes as %r every %g ms",
+            "vllm-engine-state: %s publishes as %r every %g ms; %s",
             type(scheduler).__qualname__,
             engine_id,
             applied.settings.period_s * 1000,
+            "queued requests are credited with their prefix-cache hit"
+            if view.lookup is not None
+            else f"queued requests get no prefix-cache credit: {view.reason}",
         )
 
 

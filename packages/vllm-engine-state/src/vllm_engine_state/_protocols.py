@@ -4,6 +4,15 @@ Our code is typed against these, so it imports (and its unit tests run) without
 vLLM. Every member here exists, with this meaning, in vLLM 0.27 to 0.34; the
 contract tests check that against the real classes of each pinned version.
 Nothing here is ever written to: the publisher only reads.
+
+The prefix-cache credit (`_prefix_cache`) also reads members that are not
+here, each through `getattr` and checked before use, so that a vLLM without
+them gives no credit instead of an error: `Request.request_id`,
+`.block_hashes`, `.skip_reading_prefix_cache`; `KVCacheManager.enable_caching`,
+`.use_eagle`, `.coordinator.single_type_managers` (each with `block_size`,
+`kv_cache_group_id` and a class-level `find_longest_cache_hit`),
+`.coordinator.eagle_group_ids`; `BlockPool.hash_block_size`,
+`.get_cached_block()` and `.cached_block_hash_to_block.get_one_block()`.
 """
 
 from __future__ import annotations

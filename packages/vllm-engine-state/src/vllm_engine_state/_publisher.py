@@ -23,6 +23,7 @@ from typing import Any
 
 from agentic_common import Freshness, StateWriter, open_reader
 from agentic_common._transport import RateLimitedLog
+from vllm_engine_state._prefix_cache import PrefixHitMemo
 from vllm_engine_state._protocols import SchedulerLike
 from vllm_engine_state._snapshot import compute_snapshot
 
@@ -75,6 +76,7 @@ class Publisher:
         self._uri = uri
         self._writer = writer
         self._snapshot = snapshot
+        self._memo = PrefixHitMemo()  # queued requests' cache hits, snapshot to snapshot
         self._ref = weakref.ref(scheduler)
         self._created_ts = time.time()
         self._last_published_seq: int | None = None
@@ -106,7 +108,9 @@ class Publisher:
             return False
         try:
             last_step = getattr(scheduler, LAST_STEP_ATTR, self._created_ts)
-            state = self._snapshot(scheduler, self.engine_id, seq=self.seq, last_step_ts=last_step)
+            state = self._snapshot(
+                scheduler, self.engine_id, seq=self.seq, last_step_ts=last_step, memo=self._memo
+            )
         finally:
             del scheduler  # never hold the engine across the sleep
         self.stats.snapshots += 1

@@ -10,6 +10,13 @@ exactly once even while the engine moves it between queues. Classifying by
 status instead of copying queues also makes it independent of vLLM's
 waiting-queue layout (`waiting` alone; `+ skipped_waiting` in 0.18-0.30;
 `+ kv_holding_waiting`, with `deferred_waiting` a marker subset, from 0.31).
+
+The backlog is split the way a router needs it: `running_prefill_tokens` for
+prefills the engine has started (RUNNING), `queued_prefill_tokens` for waiting
+requests, each credited with the prefix the engine's cache already holds
+(`_prefix_cache`, a read-only lookup). `max_prefill_remaining` looks at
+started prefills only: it predicts a stall, and a queued request stalls
+nothing until it is admitted.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agentic_common import EngineState, kv_used_frac
+from vllm_engine_state._prefix_cache import PrefixHitMemo, prefix_cache_view
 from vllm_engine_state._protocols import RequestLike, SchedulerLike
 
 RUNNING: Final = 0
@@ -81,6 +89,7 @@ def compute_snapshot(
     last_step_ts: float | None = None,
     now: float | None = None,
     pid: int | None = None,
+    memo: PrefixHitMemo | None = None,
 ) -> EngineState:
     """The scheduler's state now, validated (EngineState.check) before it is returned.
 
@@ -90,17 +99,30 @@ def compute_snapshot(
     - prefilling iff `num_computed_tokens < num_prompt_tokens or remaining > 1`:
       covers chunked prefill, and a preempted request (computed reset to 0)
       that must recompute its prompt and the tokens it already generated;
+    - a prefilling RUNNING request adds `remaining` to `running_prefill_tokens`
+      and competes for `max_prefill_remaining`;
+    - a prefilling waiting request adds `num_tokens - max(num_computed_tokens,
+      cached)` to `queued_prefill_tokens`, `cached` being the tokens vLLM's
+      prefix cache would give it at admission (0 when that cannot be told
+      read-only; see `_prefix_cache`);
     - otherwise a running request is decoding (remaining is 1, or <= 0 under
       async scheduling, where output placeholders run ahead);
     - a waiting request whose KV comes from another instance (P/D) is counted
       in `num_remote_prefill`, not as prefill work.
-    `ongoing_decode_tokens` sums the context length of decoding requests.
-    `last_step_ts` is the caller's record of the last scheduler step (the
-    publisher's hook keeps it); 0.0 means none was recorded.
+    `pending_prefill_tokens` is running + queued. `ongoing_decode_tokens` sums
+    the context length of decoding requests. `last_step_ts` is the caller's
+    record of the last scheduler step (the publisher's hook keeps it); 0.0
+    means none was recorded. `memo` carries each queued request's cache hit
+    from one snapshot to the next (the publisher keeps one), so that a hit
+    that did not move costs two lookups instead of a search.
     """
     requests = list(scheduler.requests.values())  # the one copy
+    view = prefix_cache_view(scheduler)
+    lookup = view.lookup
+    hints = memo.blocks if memo is not None else {}
+    hits: dict[str, int] = {}
     running = waiting = 0
-    prefilling = pending_prefill = max_prefill = 0
+    prefilling = running_prefill = queued_prefill = max_prefill = 0
     decoding = decode_tokens = remote = 0
     cache = _KIND_CACHE
     for request in requests:
@@ -121,11 +143,21 @@ def compute_snapshot(
         remaining = total - computed
         if computed < request.num_prompt_tokens or remaining > 1:
             prefilling += 1
-            pending_prefill += remaining
-            max_prefill = max(max_prefill, remaining)
+            if kind == RUNNING:
+                running_prefill += remaining
+                max_prefill = max(max_prefill, remaining)
+            elif lookup is None:
+                queued_prefill += remaining
+            else:
+                request_id = getattr(request, "request_id", "")
+                blocks = lookup.cached_blocks(request, hints.get(request_id, 0))
+                hits[request_id] = blocks
+                queued_prefill += total - max(computed, lookup.credited_tokens(blocks))
         elif kind == RUNNING:
             decoding += 1
             decode_tokens += max(total, computed)
+    if memo is not None:
+        memo.blocks = hits
 
     pool = scheduler.kv_cache_manager.block_pool
     blocks_total = max(0, pool.num_gpu_blocks - 1)  # one block is vLLM's reserved null block
@@ -141,11 +173,14 @@ def compute_snapshot(
         gpu_blocks_total=blocks_total,
         gpu_blocks_free=blocks_free,
         gpu_kv_used_frac=kv_used_frac(blocks_total, blocks_free),
-        pending_prefill_tokens=pending_prefill,
+        pending_prefill_tokens=running_prefill + queued_prefill,
         num_decoding=decoding,
         ongoing_decode_tokens=decode_tokens,
         num_prefilling=prefilling,
         num_remote_prefill=remote,
         last_step_ts=0.0 if last_step_ts is None else last_step_ts,
         max_prefill_remaining=max_prefill,
+        running_prefill_tokens=running_prefill,
+        queued_prefill_tokens=queued_prefill,
+        block_size=view.block_size,
     ).check()

@@ -105,13 +105,16 @@ def test_each_scheduler_publishes_until_shutdown(
     reader = open_reader(uri, ANY_AGE)  # the content is the point here, not its age
     wait_for(lambda: "engine_0" in reader.read_all())
     sched.add_request(make_request("big", 400))
-    wait_for(lambda: reader.read_all()["engine_0"].max_prefill_remaining == 400)
+    wait_for(lambda: reader.read_all()["engine_0"].queued_prefill_tokens == 400)
+    assert reader.read_all()["engine_0"].max_prefill_remaining == 0  # queued: no stall yet
     before_step = time.time()
     out = sched.schedule()
     assert getattr(sched, LAST_STEP_ATTR) >= before_step
     wait_for(lambda: reader.read_all()["engine_0"].max_prefill_remaining == 400 - 64)
     state = reader.read_all()["engine_0"]
     assert state.last_step_ts >= before_step
+    assert (state.running_prefill_tokens, state.queued_prefill_tokens) == (400 - 64, 0)
+    assert state.block_size == 16
     sched.update_from_output(out, model_output(sched, out.num_scheduled_tokens))
     publisher = INSTRUMENTOR.publishers()[0]
     sched.shutdown()

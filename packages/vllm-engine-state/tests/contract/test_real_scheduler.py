@@ -60,17 +60,19 @@ def test_chunked_prefill_falls_step_by_step(make_scheduler: Any) -> None:
     sched.add_request(make_request("s2", 20, token=300))
     state = snapshot(sched)
     assert (state.num_waiting, state.num_prefilling) == (3, 3)
-    assert (state.pending_prefill_tokens, state.max_prefill_remaining) == (340, 300)
+    assert (state.pending_prefill_tokens, state.queued_prefill_tokens) == (340, 340)
+    assert state.max_prefill_remaining == state.running_prefill_tokens == 0  # nothing started
 
-    max_remaining, pending, prefilling = [], [], []
+    max_remaining, pending, prefilling, running = [], [], [], []
     for _ in range(6):
         mid, _after = step(sched)
         max_remaining.append(mid.max_prefill_remaining)
         pending.append(mid.pending_prefill_tokens)
         prefilling.append(mid.num_prefilling)
+        running.append(mid.running_prefill_tokens)
     # A 64-token budget: big takes 64 per step until it is done, then s1, s2.
-    assert max_remaining[:4] == [236, 172, 108, 44]
-    assert pending[:4] == [276, 212, 148, 84]
+    assert max_remaining[:4] == running[:4] == [236, 172, 108, 44]
+    assert pending[:4] == [276, 212, 148, 84]  # s1 and s2 queue, uncached: 40 more
     assert all(a >= b for a, b in itertools.pairwise(pending))
     assert prefilling[0] == 3
     assert prefilling[-1] == 0
@@ -100,7 +102,9 @@ def test_preemption_under_a_tiny_kv_pool(make_scheduler: Any) -> None:
             # re-prefills prompt and the outputs it already had
             assert victim.num_tokens > victim.num_prompt_tokens
             assert after.num_prefilling >= 1
-            assert after.max_prefill_remaining >= victim.num_tokens
+            # back in the queue: all of it is queued work, none of it a stall
+            assert after.queued_prefill_tokens == victim.num_tokens  # prefix caching off
+            assert after.max_prefill_remaining < victim.num_tokens
             assert after.num_waiting >= 1
         assert after.gpu_blocks_free <= after.gpu_blocks_total == 9
     assert preempted_seen > 0

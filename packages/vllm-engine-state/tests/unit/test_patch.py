@@ -177,10 +177,12 @@ def test_snapshot_follows_the_scheduler(
     sched = cls()
     sched.inner.add(FakeRequest("big", 5000))
     wait_for(
-        lambda: bool(writers[0].states) and writers[0].states[-1].max_prefill_remaining == 5000
+        lambda: bool(writers[0].states) and writers[0].states[-1].queued_prefill_tokens == 5000
     )
+    assert writers[0].states[-1].max_prefill_remaining == 0  # queued: no stall yet
     sched.inner.schedule_chunk(sched.requests["big"], 2048)
     wait_for(lambda: writers[0].states[-1].max_prefill_remaining == 5000 - 2048)
+    assert writers[0].states[-1].running_prefill_tokens == 5000 - 2048
 
 
 def test_shutdown_stops_the_publisher_and_withdraws(

@@ -23,6 +23,8 @@ def test_empty_scheduler_is_idle() -> None:
     assert state.engine_id == "engine_0"
     assert (state.seq, state.pid, state.ts, state.last_step_ts) == (3, 42, 100.0, 12.5)
     assert state.gpu_blocks_total == 100  # 101 minus vLLM's null block
+    assert state.block_size == 16
+    assert state.is_cache_aware
     assert state.gpu_blocks_free == 100
     assert state.gpu_kv_used_frac == 0.0
     assert state.pending_prefill_tokens == state.max_prefill_remaining == 0
@@ -36,21 +38,24 @@ def test_chunked_prefill_falls_step_by_step(layout: str) -> None:
     small = sched.add(FakeRequest("small", 20))
     state = snap(sched)
     assert (state.num_prefilling, state.pending_prefill_tokens) == (2, 320)
-    assert state.max_prefill_remaining == 300
+    assert (state.running_prefill_tokens, state.queued_prefill_tokens) == (0, 320)
+    assert state.max_prefill_remaining == 0  # nothing started: no stall to predict
 
     seen = []
     while big.num_computed_tokens < big.num_prompt_tokens:
         sched.schedule_chunk(big, min(64, big.num_prompt_tokens - big.num_computed_tokens))
         state = snap(sched)
-        seen.append(state.max_prefill_remaining)
-    # 300 -> 236 -> 172 -> 108 -> 44 -> 20 (then only `small` is left to prefill)
-    assert seen == [236, 172, 108, 44, 20]
+        seen.append((state.max_prefill_remaining, state.running_prefill_tokens))
+        assert state.queued_prefill_tokens == 20  # `small` waits its turn
+    # 300 -> 236 -> 172 -> 108 -> 44 -> 0 (then only the queued `small` is left)
+    assert seen == [(236, 236), (172, 172), (108, 108), (44, 44), (0, 0)]
     assert (state.num_prefilling, state.pending_prefill_tokens) == (1, 20)
     sched.sample(big)  # last chunk done: big now decodes
     sched.schedule_chunk(small, 20)
     sched.sample(small)
     state = snap(sched)
     assert state.num_prefilling == state.pending_prefill_tokens == state.max_prefill_remaining == 0
+    assert state.running_prefill_tokens == state.queued_prefill_tokens == 0
     assert state.num_decoding == 2
     assert state.ongoing_decode_tokens == 301 + 21  # context: prompt + one output each
 
@@ -69,7 +74,8 @@ def test_preempted_request_must_reprefill_prompt_and_outputs(layout: str) -> Non
     state = snap(sched)
     assert (state.num_running, state.num_waiting) == (0, 1)
     assert state.num_prefilling == 1
-    assert state.pending_prefill_tokens == state.max_prefill_remaining == 66  # 60 prompt + 6 out
+    assert state.pending_prefill_tokens == state.queued_prefill_tokens == 66  # 60 prompt + 6 out
+    assert state.max_prefill_remaining == state.running_prefill_tokens == 0  # back in the queue
     assert state.num_decoding == 0
 
 
@@ -98,7 +104,8 @@ def test_remote_kv_requests_are_not_prefill_work(layout: str) -> None:
     assert state.num_waiting == 3
     assert state.num_remote_prefill == 2
     assert state.num_prefilling == 1
-    assert state.pending_prefill_tokens == state.max_prefill_remaining == 100
+    assert state.pending_prefill_tokens == state.queued_prefill_tokens == 100
+    assert state.max_prefill_remaining == 0
 
 
 def test_finished_requests_held_by_a_connector_are_not_counted() -> None:
@@ -180,7 +187,7 @@ def test_any_request_table_gives_a_valid_consistent_snapshot(
 ) -> None:
     sched = FakeScheduler(layout, num_gpu_blocks=blocks)
     sched.kv_cache_manager.block_pool.free = data.draw(st.integers(0, blocks))
-    expect_pending = expect_max = expect_pref = expect_remote = 0
+    expect_running = expect_queued = expect_max = expect_pref = expect_remote = 0
     for i, (prompt, outputs, frac, status, remote) in enumerate(reqs):
         total = prompt + outputs
         computed = int(total * frac)
@@ -205,12 +212,19 @@ def test_any_request_table_gives_a_valid_consistent_snapshot(
             expect_remote += 1
         elif computed < prompt or remaining > 1:
             expect_pref += 1
-            expect_pending += remaining
-            expect_max = max(expect_max, remaining)
+            if status == Status.RUNNING:
+                expect_running += remaining
+                expect_max = max(expect_max, remaining)
+            else:
+                expect_queued += remaining  # no block hashes: no cache credit
     state = compute_snapshot(sched, "engine_0")  # .check() ran inside
     assert (state.num_running, state.num_waiting) == sched.get_request_counts()
     assert state.num_prefilling == expect_pref
-    assert state.pending_prefill_tokens == expect_pending
+    assert (state.running_prefill_tokens, state.queued_prefill_tokens) == (
+        expect_running,
+        expect_queued,
+    )
+    assert state.pending_prefill_tokens == expect_running + expect_queued
     assert state.max_prefill_remaining == expect_max
     assert state.num_remote_prefill == expect_remote
     assert EngineState.from_json(state.to_json()) == state
