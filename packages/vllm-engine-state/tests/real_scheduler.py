@@ -40,9 +40,10 @@ LLAMA_CONFIG: dict[str, Any] = {
 }
 
 
-def write_config_only_model(directory: Path) -> Path:
+def write_config_only_model(directory: Path, max_model_len: int = MAX_MODEL_LEN) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    config = {**LLAMA_CONFIG, "max_position_embeddings": max_model_len}
+    (directory / "config.json").write_text(json.dumps(config))
     return directory
 
 
@@ -63,8 +64,13 @@ def create_scheduler(
     async_scheduling: bool = False,
     scheduler_cls: type | None = None,
     data_parallel: tuple[int, int] | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
 ) -> Any:
-    """`data_parallel=(rank, size)` builds the scheduler of one engine of a DP server."""
+    """`data_parallel=(rank, size)` builds the scheduler of one engine of a DP server.
+
+    A `max_model_len` above the default needs a model directory written with
+    at least that much (`write_config_only_model(dir, max_model_len)`).
+    """
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -81,7 +87,7 @@ def create_scheduler(
     sc_kwargs: dict[str, Any] = {
         "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
-        "max_model_len": MAX_MODEL_LEN,
+        "max_model_len": max_model_len,
         "long_prefill_token_threshold": 0,
         "enable_chunked_prefill": True,
         "async_scheduling": async_scheduling,
@@ -93,7 +99,7 @@ def create_scheduler(
         model=str(model_dir),
         dtype="float32",
         seed=42,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
         skip_tokenizer_init=True,
     )
     cache_config = CacheConfig(
@@ -163,16 +169,21 @@ def make_request(
     max_tokens: int = 4,
     token: int = 7,
     kv_transfer_params: dict[str, Any] | None = None,
+    prompt_token_ids: list[int] | None = None,
+    prompt_logprobs: int | None = None,
 ) -> Any:
+    """A request of `prompt_len` tokens cycling from `token`, or of `prompt_token_ids`."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=prompt_logprobs)
     if kv_transfer_params is not None:
         params.extra_args = {"kv_transfer_params": kv_transfer_params}
+    if prompt_token_ids is None:
+        prompt_token_ids = [token + (i % 50) for i in range(prompt_len)]
     kwargs: dict[str, Any] = {
         "request_id": request_id,
-        "prompt_token_ids": [token + (i % 50) for i in range(prompt_len)],
+        "prompt_token_ids": list(prompt_token_ids),
         "sampling_params": params,
         "pooling_params": None,
         "block_hasher": _block_hasher(),
