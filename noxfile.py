@@ -35,6 +35,13 @@ IMPORT_NAMES = {
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 LINT_DEPS = ["ruff==0.15.*"]
 TYPE_DEPS = ["mypy==1.19.*", "types-PyYAML"]
+# Test directories checked by mypy --strict like the sources.
+TYPED_TESTS = (
+    "packages/common/tests",
+    "packages/agentic-router/tests",
+    "tests",
+    "docs/examples/agentic-router-example-scorer",
+)
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
@@ -61,7 +68,11 @@ def types(session: nox.Session) -> None:
     for name, path in PACKAGES.items():
         if name != "common" and (ROOT / path / "pyproject.toml").is_file():
             session.install("-e", path)
+    session.install("-e", ROUTER_EXAMPLE_PLUGIN)
     session.run("mypy", *targets, "benchmarks")
+    # Tests too, one directory per run (each has its own conftest module).
+    for tests in TYPED_TESTS:
+        session.run("mypy", tests)
 
 
 @nox.session(name="tests-common")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentic_common import open_writer
-from agentic_common.testing import redis_server, redis_uri  # noqa: F401 (fixtures)
+from agentic_common.testing import RedisServer, redis_server, redis_uri  # noqa: F401 (fixtures)
 from agentic_router import StateFeed
-from agentic_router.pytest_plugin import ManualClock, engine_state
+from agentic_router.pytest_plugin import MakeRouter, ManualClock, engine_state
 
 
 @pytest.fixture(params=["file", "redis"])
@@ -22,7 +22,7 @@ def uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_feed_maps_engines_to_workers_and_ages_them(
-    make_router, agentic_clock: ManualClock, uri: str
+    make_router: MakeRouter, agentic_clock: ManualClock, uri: str
 ) -> None:
     router = make_router(3)
     writer = open_writer(uri)
@@ -78,7 +78,10 @@ def test_feed_loop_starts_polls_and_stops(tmp_path: Path) -> None:
     writer.close()
 
 
-def test_feed_survives_a_dead_store(make_router, redis_server) -> None:  # noqa: F811
+def test_feed_survives_a_dead_store(
+    make_router: MakeRouter,
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
     router = make_router(1)
     uri = redis_server.uri
     redis_server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from agentic_common import open_writer
 from agentic_router import StateFeed
 from agentic_router.builtin import BUILTIN_POLICIES
-from agentic_router.pytest_plugin import ManualClock, engine_state
+from agentic_router.pytest_plugin import MakeRequest, MakeRouter, ManualClock, engine_state
+from agentic_router.router import Router
 
 DATA = Path(__file__).parent / "data" / "recorded_requests.jsonl"
 
@@ -54,8 +56,13 @@ def recorded() -> list[dict[str, Any]]:
     return [json.loads(line) for line in DATA.read_text().splitlines() if line]
 
 
-def _replay(router, clock: ManualClock, make_request, between=None) -> list[tuple]:
-    out = []
+def _replay(
+    router: Router,
+    clock: ManualClock,
+    make_request: MakeRequest,
+    between: Callable[[], object] | None = None,
+) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
     for ev in recorded():
         clock.advance(ev["dt"])
         if between is not None:
@@ -81,7 +88,11 @@ def _replay(router, clock: ManualClock, make_request, between=None) -> list[tupl
 
 @pytest.mark.parametrize("policy", BUILTIN_POLICIES)
 def test_feed_off_matches_shadow_only(
-    policy: str, make_router, make_request, agentic_clock: ManualClock, tmp_path: Path
+    policy: str,
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    agentic_clock: ManualClock,
+    tmp_path: Path,
 ) -> None:
     start = agentic_clock()
     shadow_only = make_router(8, policy)

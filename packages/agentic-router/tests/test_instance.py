@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from agentic_router.pytest_plugin import ManualClock
+from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
 
 
 def test_eff_is_max_of_shadow_and_real_while_fresh(
-    make_router, make_request, make_engine_state, agentic_clock: ManualClock
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    agentic_clock: ManualClock,
 ) -> None:
     router = make_router(2)
     for _i in range(3):
@@ -49,7 +52,7 @@ def test_eff_is_max_of_shadow_and_real_while_fresh(
 
 
 def test_stale_right_after_big_prefill_reads_as_stalled(
-    make_router, make_engine_state, agentic_clock: ManualClock
+    make_router: MakeRouter, make_engine_state: MakeEngineState, agentic_clock: ManualClock
 ) -> None:
     router = make_router(2, stall_hold_s=20.0)
     router.apply_engine_states(
@@ -72,7 +75,7 @@ def test_stale_right_after_big_prefill_reads_as_stalled(
 
 
 def test_engine_that_stopped_stepping_is_stalled(
-    make_router, make_engine_state, agentic_clock: ManualClock
+    make_router: MakeRouter, make_engine_state: MakeEngineState, agentic_clock: ManualClock
 ) -> None:
     router = make_router(1, step_stall_s=2.0)
     now = agentic_clock()
@@ -88,7 +91,7 @@ def test_engine_that_stopped_stepping_is_stalled(
 
 
 def test_feed_mapping_ordering_and_restart(
-    make_router, make_engine_state, agentic_clock: ManualClock
+    make_router: MakeRouter, make_engine_state: MakeEngineState, agentic_clock: ManualClock
 ) -> None:
     router = make_router(["a", "b"], engine_map={"prefill-x": 1})
     router.apply_engine_states({"engine_0": make_engine_state(0, num_running=5)})
@@ -112,7 +115,9 @@ def test_feed_mapping_ordering_and_restart(
     assert router.instance_state(1).eff_num_requests == 2
 
 
-def test_feed_disabled_ignores_states(make_router, make_engine_state) -> None:
+def test_feed_disabled_ignores_states(
+    make_router: MakeRouter, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(1, use_real_state=False)
     router.apply_engine_states({"engine_0": make_engine_state(0, num_running=7)})
     assert router.instance_state(0).eff_num_requests == 0
@@ -120,7 +125,7 @@ def test_feed_disabled_ignores_states(make_router, make_engine_state) -> None:
 
 
 def test_snapshot_is_json_with_shadow_and_real(
-    make_router, make_request, make_engine_state
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     import json
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from hypothesis import given, settings
@@ -17,7 +18,7 @@ from agentic_router.engine_metrics import (
     parse_prometheus_text,
 )
 from agentic_router.feed import MetricsReconciler
-from agentic_router.pytest_plugin import ManualClock
+from agentic_router.pytest_plugin import MakeRequest, MakeRouter, ManualClock
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -69,7 +70,7 @@ def test_unknown_or_garbage_metrics() -> None:
 
 names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True)
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,10}", fullmatch=True)
-label_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+label_values = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 values = st.floats(allow_nan=False) | st.integers(-(10**9), 10**9).map(float)
 
 
@@ -97,7 +98,9 @@ def _render(s: Sample, ts: int | None) -> str:
     ),
     st.lists(st.one_of(st.none(), st.integers(0, 2**41)), min_size=8, max_size=8),
 )
-def test_parser_round_trips_the_exposition_format(samples: list[Sample], stamps: list) -> None:
+def test_parser_round_trips_the_exposition_format(
+    samples: list[Sample], stamps: list[int | None]
+) -> None:
     text = "# HELP x y\n" + "\n".join(_render(s, t) for s, t in zip(samples, stamps, strict=False))
     errors: Counter[str] = Counter()
     assert parse_prometheus_text(text, errors) == samples
@@ -111,7 +114,7 @@ def test_parser_never_raises(text: str) -> None:
 
 
 def test_reconcile_frees_only_old_leaks_after_grace(
-    make_router, make_request, agentic_clock: ManualClock
+    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
 ) -> None:
     router = make_router(2, reconcile_grace_s=10.0, reconcile_min_age_s=60.0)
     for i in range(3):
@@ -132,7 +135,7 @@ def test_reconcile_frees_only_old_leaks_after_grace(
 
 
 def test_reconcile_does_nothing_when_engine_matches(
-    make_router, make_request, agentic_clock: ManualClock
+    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
 ) -> None:
     router = make_router(1, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
     router.add_request(make_request(100), 0)
@@ -142,14 +145,16 @@ def test_reconcile_does_nothing_when_engine_matches(
     assert router.instance_state(0).shadow.num_requests == 1
 
 
-def _text(body: str, status: int = 200):
+def _text(body: str, status: int = 200) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(_: web.Request) -> web.Response:
         return web.Response(text=body, status=status)
 
     return handler
 
 
-def test_reconciler_scrapes_real_http(make_router, make_request, agentic_clock) -> None:
+def test_reconciler_scrapes_real_http(
+    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
+) -> None:
     router = make_router(3, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
     router.add_request(make_request(100, request_id="leak"), 1)
 

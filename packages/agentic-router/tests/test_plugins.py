@@ -8,16 +8,20 @@ import logging
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import pluggy
 import pytest
 
 from agentic_router import hookspecs
 from agentic_router.builtin import BUILTIN_POLICIES
 from agentic_router.cli import main
+from agentic_router.decision import Decision
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import Components, make_plugin_manager
-from agentic_router.policy import PolicySpec
-from agentic_router.types import RouterConfig, RouterEvent
+from agentic_router.policy import PolicySpec, RouterView, Scorer, ScoringContext
+from agentic_router.pytest_plugin import MakeRequest, MakeRouter
+from agentic_router.types import RouterConfig, RouterEvent, RoutingRequest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -53,7 +57,7 @@ class Exploding:
     name = "exploding"
     description = "raises"
 
-    def score(self, ctx):
+    def score(self, ctx: ScoringContext) -> list[float]:
         raise RuntimeError("boom")
 
 
@@ -61,7 +65,7 @@ class WrongLength:
     name = "wrong_length"
     description = "one value short"
 
-    def score(self, ctx):
+    def score(self, ctx: ScoringContext) -> list[float]:
         return [0.0] * (len(ctx.candidates) - 1)
 
 
@@ -69,7 +73,7 @@ class PreferLast:
     name = "prefer_last"
     description = "highest index wins"
 
-    def score(self, ctx):
+    def score(self, ctx: ScoringContext) -> list[float]:
         return [-float(c) for c in ctx.candidates]
 
 
@@ -79,11 +83,11 @@ class Observer:
         self.events: list[str] = []
 
     @hookimpl
-    def agentic_router_scorers(self, config):
+    def agentic_router_scorers(self, config: RouterConfig) -> list[Scorer]:
         return [Exploding(), WrongLength(), PreferLast()]
 
     @hookimpl
-    def agentic_router_policies(self, config):
+    def agentic_router_policies(self, config: RouterConfig) -> list[PolicySpec]:
         return [
             PolicySpec(
                 "fragile", "test", (("exploding", 1.0), ("wrong_length", 1.0), ("prefer_last", 1.0))
@@ -91,17 +95,19 @@ class Observer:
         ]
 
     @hookimpl
-    def agentic_router_decision(self, router, request, decision):
+    def agentic_router_decision(
+        self, router: RouterView, request: RoutingRequest, decision: Decision
+    ) -> None:
         self.decisions.append(decision.worker)
 
     @hookimpl
-    def agentic_router_event(self, router, event: RouterEvent):
+    def agentic_router_event(self, router: RouterView, event: RouterEvent) -> None:
         self.events.append(event.kind)
         raise ValueError("observer bug")  # must not reach the caller
 
 
 def test_a_raising_scorer_is_logged_and_skipped(
-    make_router, make_request, caplog: pytest.LogCaptureFixture
+    make_router: MakeRouter, make_request: MakeRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     obs = Observer()
     router = make_router(3, "fragile", plugins=[obs])
@@ -118,10 +124,10 @@ def test_a_raising_scorer_is_logged_and_skipped(
     assert obs.events == ["add", "add"]
 
 
-def test_duplicate_and_dangling_names_fail_at_build(make_router) -> None:
+def test_duplicate_and_dangling_names_fail_at_build(make_router: MakeRouter) -> None:
     class Dup:
         @hookimpl
-        def agentic_router_policies(self, config):
+        def agentic_router_policies(self, config: RouterConfig) -> list[PolicySpec]:
             return [PolicySpec("unified", "again", (("load", 1.0),))]
 
     with pytest.raises(ValueError, match="policy 'unified' is registered by both 'builtin'"):
@@ -129,7 +135,7 @@ def test_duplicate_and_dangling_names_fail_at_build(make_router) -> None:
 
     class Dangling:
         @hookimpl
-        def agentic_router_policies(self, config):
+        def agentic_router_policies(self, config: RouterConfig) -> list[PolicySpec]:
             return [PolicySpec("dangling", "x", (("no_such_scorer", 1.0),))]
 
     with pytest.raises(ValueError, match="unknown scorer 'no_such_scorer'"):
@@ -164,7 +170,7 @@ def installed_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _names(pm) -> set[str]:
+def _names(pm: pluggy.PluginManager) -> set[str]:
     return {n for n, _ in pm.list_name_plugin()}
 
 
@@ -203,10 +209,10 @@ def test_plugins_subcommand_lists_what_is_installed(
 class DecodeElsewhere:
     """A toy Mechanism-B selector: decode on the least-loaded worker other than prefill."""
 
-    def __init__(self, config) -> None:
-        self.events: list[tuple[str, int | None, dict]] = []
+    def __init__(self, config: RouterConfig) -> None:
+        self.events: list[tuple[str, int | None, dict[str, Any]]] = []
 
-    def select(self, ctx, prefill_worker: int) -> int | None:
+    def select(self, ctx: ScoringContext, prefill_worker: int) -> int | None:
         others = [
             (s.eff_num_requests, c)
             for c, s in zip(ctx.candidates, ctx.states, strict=True)
@@ -220,7 +226,7 @@ class DecodeElsewhere:
 
 class MechanismB:
     @hookimpl
-    def agentic_router_policies(self, config):
+    def agentic_router_policies(self, config: RouterConfig) -> list[PolicySpec]:
         return [
             PolicySpec(
                 "toy_b",
@@ -231,7 +237,9 @@ class MechanismB:
         ]
 
 
-def test_a_policy_can_pick_a_decode_worker_and_see_events(make_router, make_request) -> None:
+def test_a_policy_can_pick_a_decode_worker_and_see_events(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(3, "toy_b", plugins=[MechanismB()])
     router.add_request(make_request(10), 1)  # worker 1 busy: decode goes to 2
     d = router.route(make_request(500, request_id="x", session="s"))
@@ -244,7 +252,8 @@ def test_a_policy_can_pick_a_decode_worker_and_see_events(make_router, make_requ
     assert router.instance_state(0).shadow.num_requests == 0
     router.notify("admission", request_id="x", worker=2, session_id="s", admitted=True)
     router.free("x")
-    selector = router._decode
+    selector = router.decode_selector
+    assert isinstance(selector, DecodeElsewhere)
     assert selector.events[-4:] == [
         ("add", 0, {"decode_worker": 2}),
         ("prefill_completed", 2, {"decode_worker": 2, "prefill_worker": 0}),

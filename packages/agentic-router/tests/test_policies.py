@@ -6,11 +6,14 @@ import json
 
 import pytest
 
+from agentic_router import Router
 from agentic_router.builtin import BUILTIN_POLICIES
-from agentic_router.pytest_plugin import ManualClock
+from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
 
 
-def test_round_robin_cycles_and_skips_unhealthy(make_router, make_request) -> None:
+def test_round_robin_cycles_and_skips_unhealthy(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(3, "round_robin")
     assert [router.route(make_request(10)).worker for _ in range(6)] == [0, 1, 2, 0, 1, 2]
     router.set_worker_health(1, False)
@@ -18,7 +21,7 @@ def test_round_robin_cycles_and_skips_unhealthy(make_router, make_request) -> No
     assert picks == {0, 2}
 
 
-def test_random_is_seeded(make_router, make_request) -> None:
+def test_random_is_seeded(make_router: MakeRouter, make_request: MakeRequest) -> None:
     a = [make_router(8, "random", seed=3).decide(make_request(10)).worker for _ in range(1)]
     r1, r2 = make_router(8, "random", seed=3), make_router(8, "random", seed=3)
     seq1 = [r1.decide(make_request(10)).worker for _ in range(20)]
@@ -28,7 +31,9 @@ def test_random_is_seeded(make_router, make_request) -> None:
     assert a[0] == seq1[0]
 
 
-def test_load_only_picks_least_loaded_and_rotates_ties(make_router, make_request) -> None:
+def test_load_only_picks_least_loaded_and_rotates_ties(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(4, "load_only")
     first = [router.route(make_request(10)).worker for _ in range(4)]
     assert sorted(first) == [0, 1, 2, 3]  # ties rotate instead of piling on worker 0
@@ -39,7 +44,9 @@ def test_load_only_picks_least_loaded_and_rotates_ties(make_router, make_request
     assert router.decide(make_request(10)).worker == 2
 
 
-def test_lmetric_prefers_cached_prefix_unless_loaded(make_router, make_request) -> None:
+def test_lmetric_prefers_cached_prefix_unless_loaded(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(2, "lmetric")
     router.route(make_request(4096, prefix="sys", request_id="warm"))
     warm = router.state.index.owner("warm")
@@ -49,7 +56,9 @@ def test_lmetric_prefers_cached_prefix_unless_loaded(make_router, make_request) 
     assert parts[warm] == 64
 
 
-def test_sticky_keeps_a_session_home_even_when_loaded(make_router, make_request) -> None:
+def test_sticky_keeps_a_session_home_even_when_loaded(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(3, "sticky")
     home = router.route(make_request(100, session="s")).worker
     for _ in range(5):
@@ -59,7 +68,9 @@ def test_sticky_keeps_a_session_home_even_when_loaded(make_router, make_request)
     assert d.reason == "home"
 
 
-def test_unified_stays_home_then_leaves_when_overloaded(make_router, make_request) -> None:
+def test_unified_stays_home_then_leaves_when_overloaded(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(4, "unified")
     d0 = router.route(make_request(2048, session="s", prefix="s"))
     home = d0.worker
@@ -73,7 +84,7 @@ def test_unified_stays_home_then_leaves_when_overloaded(make_router, make_reques
     assert d2.worker != home
 
 
-def test_unified_new_sessions_spread(make_router, make_request) -> None:
+def test_unified_new_sessions_spread(make_router: MakeRouter, make_request: MakeRequest) -> None:
     router = make_router(4, "unified")
     picks = [router.route(make_request(1000, session=f"s{i}")).worker for i in range(4)]
     assert sorted(picks) == [0, 1, 2, 3]
@@ -82,7 +93,7 @@ def test_unified_new_sessions_spread(make_router, make_request) -> None:
 # -- the migration target scorer (DESIGN §5), through the unified policy -------------------
 
 
-def _moving_session(router, make_request, home_load: int = 6):
+def _moving_session(router: Router, make_request: MakeRequest, home_load: int = 6) -> int:
     """A session whose home is overloaded, so unified picks a migration target."""
     home = router.route(make_request(4096, session="mover", prefix="mover")).worker
     for _ in range(home_load):
@@ -91,7 +102,7 @@ def _moving_session(router, make_request, home_load: int = 6):
 
 
 def test_target_avoids_mid_large_prefill_even_with_lower_shadow(
-    make_router, make_request, make_engine_state
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     router = make_router(3, "unified")
     home = _moving_session(router, make_request)
@@ -109,7 +120,9 @@ def test_target_avoids_mid_large_prefill_even_with_lower_shadow(
     assert rec[busy].parts["migration_target"] >= 1e12
 
 
-def test_target_real_load_beats_stale_shadow(make_router, make_request, make_engine_state) -> None:
+def test_target_real_load_beats_stale_shadow(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(3, "unified")
     home = _moving_session(router, make_request, home_load=20)
     a, b = [w for w in range(3) if w != home]
@@ -128,7 +141,7 @@ def test_target_real_load_beats_stale_shadow(make_router, make_request, make_eng
     assert router.decide(make_request(4200, session="mover", prefix="mover")).worker == b
 
 
-def test_target_cache_rich_wins(make_router, make_request) -> None:
+def test_target_cache_rich_wins(make_router: MakeRouter, make_request: MakeRequest) -> None:
     router = make_router(3, "unified")
     home = _moving_session(router, make_request)
     a, b = [w for w in range(3) if w != home]
@@ -140,7 +153,9 @@ def test_target_cache_rich_wins(make_router, make_request) -> None:
     assert {c.worker: c.features["cached_tokens"] for c in d.candidates}[b] == 4096
 
 
-def test_target_avoids_kv_wall(make_router, make_request, make_engine_state) -> None:
+def test_target_avoids_kv_wall(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(3, "unified", kv_wall_frac=0.9)
     home = _moving_session(router, make_request)
     a, b = [w for w in range(3) if w != home]
@@ -151,7 +166,10 @@ def test_target_avoids_kv_wall(make_router, make_request, make_engine_state) -> 
 
 
 def test_target_falls_back_without_feed(
-    make_router, make_request, make_engine_state, agentic_clock: ManualClock
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    agentic_clock: ManualClock,
 ) -> None:
     router = make_router(3, "unified")
     home = _moving_session(router, make_request)
@@ -168,7 +186,10 @@ def test_target_falls_back_without_feed(
 
 @pytest.mark.parametrize("policy", BUILTIN_POLICIES)
 def test_every_decision_has_a_json_record(
-    make_router, make_request, make_engine_state, policy: str
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    policy: str,
 ) -> None:
     router = make_router(4, policy)
     router.apply_engine_states({"engine_1": make_engine_state(1, max_prefill_remaining=50_000)})
@@ -184,7 +205,9 @@ def test_every_decision_has_a_json_record(
         }
 
 
-def test_filters_never_drop_every_worker(make_router, make_request, make_engine_state) -> None:
+def test_filters_never_drop_every_worker(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(2, "lmetric")
     router.apply_engine_states(
         {f"engine_{w}": make_engine_state(w, max_prefill_remaining=90_000) for w in range(2)}
@@ -193,6 +216,6 @@ def test_filters_never_drop_every_worker(make_router, make_request, make_engine_
     assert d.notes["filters_ignored"] == ["avoid_big_prefill"]
 
 
-def test_unknown_policy_is_a_clear_error(make_router) -> None:
+def test_unknown_policy_is_a_clear_error(make_router: MakeRouter) -> None:
     with pytest.raises(ValueError, match="unknown policy 'nope'; installed:"):
         make_router(2, "nope")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,7 +54,7 @@ def test_bad_inputs_are_clear_errors() -> None:
         block_hashes_from_tokens([2**70], 1)
 
 
-def _chat(*turns: str) -> dict:
+def _chat(*turns: str) -> dict[str, Any]:
     return {
         "model": "m",
         "max_tokens": 64,
@@ -87,7 +89,7 @@ def test_token_ids_in_the_body_win() -> None:
 def test_a_tokenizer_plugin_provides_token_ids() -> None:
     class Tok:
         @hookimpl
-        def agentic_router_tokenize(self, body, config):
+        def agentic_router_tokenize(self, body: dict[str, Any], config: RouterConfig) -> list[int]:
             return [ord(c) for c in body["prompt"]]
 
     pm = make_plugin_manager(load_entry_points=False, plugins=[Tok()])

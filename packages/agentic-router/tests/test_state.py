@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,7 +46,7 @@ event = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(event, max_size=120))
-def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> None:
+def test_random_event_streams_keep_ownership_and_counts(events: list[tuple[Any, ...]]) -> None:
     s = _state(capacity=16)
     owner: dict[str, int] = {}  # the model: who owns what
     decoding: set[str] = set()
@@ -97,7 +99,9 @@ def test_random_event_streams_keep_ownership_and_counts(events: list[tuple]) -> 
 
 def test_anomalies_are_counted_not_raised() -> None:
     s = _state()
-    add = dict(session_id=None, prompt_tokens=100, block_hashes=(), block_size=16, now=0.0)
+    add: dict[str, Any] = dict(
+        session_id=None, prompt_tokens=100, block_hashes=(), block_size=16, now=0.0
+    )
     s.add_request("a", 0, **add)
     s.add_request("a", 1, **add)  # duplicate: first owner kept
     assert s.index.owner("a") == 0
@@ -138,7 +142,7 @@ def test_bad_worker_is_a_clear_error() -> None:
 def test_pending_prefill_counts_only_uncached_tokens() -> None:
     s = _state()
     chain = (11, 12, 13, 14)
-    kw = dict(session_id="s", block_size=16, now=0.0)
+    kw: dict[str, Any] = dict(session_id="s", block_size=16, now=0.0)
     s.add_request("first", 2, prompt_tokens=64, block_hashes=chain, **kw)
     assert s.active.load(2).pending_prefill_tokens == 64
     s.mark_prefill_completed("first")
@@ -182,7 +186,9 @@ def test_sessions_are_bounded() -> None:
     st.lists(st.integers(0, 2), max_size=7),
     st.integers(3, 12),
 )
-def test_prefix_match_equals_a_naive_model(touches: list, probe: list[int], cap: int) -> None:
+def test_prefix_match_equals_a_naive_model(
+    touches: list[tuple[int, list[int]]], probe: list[int], cap: int
+) -> None:
     """Bitmask matching == "how many leading blocks are in this worker's LRU"."""
 
     def chain(shape: list[int]) -> tuple[int, ...]:

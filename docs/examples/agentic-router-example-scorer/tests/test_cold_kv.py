@@ -5,10 +5,13 @@ from __future__ import annotations
 import agentic_router_example_scorer as plugin
 
 from agentic_router.plugins import describe, make_plugin_manager
+from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter
 from agentic_router.types import RouterConfig
 
 
-def test_prefers_the_worker_with_free_kv(make_router, make_request, make_engine_state) -> None:
+def test_prefers_the_worker_with_free_kv(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(3, "cold_lmetric", plugins=[plugin])
     router.apply_engine_states(
         {
@@ -23,14 +26,18 @@ def test_prefers_the_worker_with_free_kv(make_router, make_request, make_engine_
     assert parts[0] > parts[2] > parts[1]
 
 
-def test_falls_back_to_shadow_without_feed(make_router, make_request) -> None:
+def test_falls_back_to_shadow_without_feed(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
     router = make_router(2, "cold_lmetric", plugins=[plugin])
     router.add_request(make_request(4096), 0)  # worker 0 holds 64 blocks, worker 1 none
     d = router.decide(make_request(256))
     assert d.worker == 1
 
 
-def test_weight_is_a_config_knob(make_router, make_request, make_engine_state) -> None:
+def test_weight_is_a_config_knob(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
     router = make_router(2, "cold_lmetric", plugins=[plugin], extra={"cold_kv_weight": 0.0})
     router.apply_engine_states({"engine_0": make_engine_state(0, gpu_kv_used_frac=0.9)})
     router.add_request(make_request(10), 1)  # with no KV weight, load decides

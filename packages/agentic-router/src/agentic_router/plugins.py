@@ -49,24 +49,34 @@ def _allow_from_env() -> frozenset[str] | None:
     return None if raw is None else allow_list(raw.split(","))
 
 
+class AgenticPluginManager(pluggy.PluginManager):
+    """A pluggy PluginManager that also remembers what failed to load and what the
+    allow-list left out (for `agentic-router plugins` and the logs)."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.agentic_failed: dict[str, str] = {}  # entry-point name -> the error
+        self.agentic_skipped: list[str] = []  # installed, not in the allow-list
+
+
 def make_plugin_manager(
     *,
     allow: Iterable[str] | None = None,
     load_entry_points: bool = True,
     plugins: Sequence[object] = (),
-) -> pluggy.PluginManager:
+) -> AgenticPluginManager:
     """A new plugin manager with the built-ins, installed plugins and `plugins`.
 
     allow: entry-point names to load (None: AGENTIC_ROUTER_PLUGINS, else all).
     plugins: extra plugin objects or modules to register directly (tests).
     """
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm = AgenticPluginManager()
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name=BUILTIN_NAME)
     # kv_aware and unified_v3 (registered as "pd", the name it has always had)
     pm.register(migration_plugin, name="pd")
-    failed: dict[str, str] = {}
-    skipped: list[str] = []
+    failed = pm.agentic_failed
+    skipped = pm.agentic_skipped
     if load_entry_points:
         allowed = allow_list(allow) if allow is not None else _allow_from_env()
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -88,8 +98,6 @@ def make_plugin_manager(
             i += 1
             name = f"{base}-{i}"
         pm.register(plugin, name=name)
-    pm.agentic_failed = failed  # type: ignore[attr-defined]
-    pm.agentic_skipped = skipped  # type: ignore[attr-defined]
     return pm
 
 

@@ -36,6 +36,11 @@ from agentic_router.prefix import block_hashes_from_tokens
 from agentic_router.router import Router
 from agentic_router.types import RouterConfig, RoutingRequest
 
+#: the fixtures' types, for annotating tests that use them
+MakeRouter = Callable[..., Router]
+MakeRequest = Callable[..., RoutingRequest]
+MakeEngineState = Callable[..., EngineState]
+
 
 class ManualClock:
     """A clock the test moves by hand (start at a realistic epoch so ts look real)."""
@@ -96,7 +101,7 @@ def agentic_clock() -> ManualClock:
 
 
 @pytest.fixture
-def make_router(agentic_clock: ManualClock) -> Callable[..., Router]:
+def make_router(agentic_clock: ManualClock) -> MakeRouter:
     def factory(
         workers: int | Sequence[str] = 4,
         policy: str = "unified",
@@ -115,7 +120,7 @@ def make_router(agentic_clock: ManualClock) -> Callable[..., Router]:
 
 
 @pytest.fixture
-def make_request() -> Callable[..., RoutingRequest]:
+def make_request() -> MakeRequest:
     counter = itertools.count()
 
     def factory(
@@ -147,7 +152,7 @@ def make_request() -> Callable[..., RoutingRequest]:
 
 
 @pytest.fixture
-def make_engine_state(agentic_clock: ManualClock) -> Callable[..., EngineState]:
+def make_engine_state(agentic_clock: ManualClock) -> MakeEngineState:
     def factory(worker: int | str, **fields: Any) -> EngineState:
         engine_id = f"engine_{worker}" if isinstance(worker, int) else worker
         ts = fields.pop("ts", agentic_clock())

@@ -278,6 +278,42 @@ class Router:
         ctx = self._context(req, now, seq, notes)
         home = ctx.home
         spec = self._policy
+        ctx, dropped = self._filter(ctx, spec)
+        totals, parts = self._score(ctx, spec)
+        worker = ctx.candidates[self._pick(ctx, spec, totals)]
+        decode_worker: int | None = None
+        if self._decode is not None:
+            try:
+                decode_worker = self._decode.select(ctx, worker)
+                if decode_worker is not None:
+                    self.workers.check(decode_worker)
+            except Exception:
+                self._errors.record(f"decode_selector:{spec.name}", "decode selector")
+                decode_worker = None
+        decision = Decision(
+            request_id=req.request_id,
+            session_id=req.session_id,
+            worker=worker,
+            policy=spec.name,
+            reason=str(notes.get("reason", "lowest-cost")),
+            decode_worker=decode_worker,
+            seq=seq,
+            ts=now,
+            home=home,
+            notes=notes,
+            _trace=DecisionTrace(ctx, totals, parts, dropped),
+        )
+        try:
+            self.pm.hook.agentic_router_decision(router=self, request=req, decision=decision)
+        except Exception:
+            self._errors.record("hook:agentic_router_decision", "agentic_router_decision hook")
+        return decision
+
+    def _filter(
+        self, ctx: ScoringContext, spec: PolicySpec
+    ) -> tuple[ScoringContext, list[tuple[int, InstanceState, str]]]:
+        """The policy's filters in order; a filter that raises, returns the wrong number
+        of flags or would drop every candidate is skipped (counted or noted)."""
         dropped: list[tuple[int, InstanceState, str]] = []
         for fname in spec.filters:
             flt = self.components.filters[fname]
@@ -291,12 +327,19 @@ class Router:
             if all(keep):
                 continue
             if not any(keep):
-                notes.setdefault("filters_ignored", []).append(fname)
+                ctx.notes.setdefault("filters_ignored", []).append(fname)
                 continue
             for c, s, k in zip(ctx.candidates, ctx.states, keep, strict=True):
                 if not k:
                     dropped.append((c, s, fname))
             ctx = ctx.narrow(keep)
+        return ctx, dropped
+
+    def _score(
+        self, ctx: ScoringContext, spec: PolicySpec
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """The weighted sum of the policy's scorers, and each one's part; a scorer that
+        raises or returns a wrong or non-finite cost is skipped (counted)."""
         m = len(ctx.candidates)
         totals = [0.0] * m
         parts: dict[str, list[float]] = {}
@@ -314,43 +357,18 @@ class Router:
                 continue
             totals = vals if not parts else [t + v for t, v in zip(totals, vals, strict=True)]
             parts[sname] = vals
+        return totals, parts
+
+    @staticmethod
+    def _pick(ctx: ScoringContext, spec: PolicySpec, totals: list[float]) -> int:
+        """Index of the lowest total; ties by the policy's tie-break features, then rotation."""
         best_total = min(totals)
         ties = [i for i, t in enumerate(totals) if t == best_total]
         if len(ties) == 1:
-            best = ties[0]
-        else:
-            tie_lists = [ctx.feature(f) for f in spec.tie_break]
-            rotation = ctx.rotation()
-            best = min(ties, key=lambda i: (*(t[i] for t in tie_lists), rotation[i]))
-        worker = ctx.candidates[best]
-        decode_worker: int | None = None
-        if self._decode is not None:
-            try:
-                decode_worker = self._decode.select(ctx, worker)
-                if decode_worker is not None:
-                    self.workers.check(decode_worker)
-            except Exception:
-                self._errors.record(f"decode_selector:{spec.name}", "decode selector")
-                decode_worker = None
-        reason = str(notes.get("reason", "lowest-cost"))
-        decision = Decision(
-            request_id=req.request_id,
-            session_id=req.session_id,
-            worker=worker,
-            policy=spec.name,
-            reason=reason,
-            decode_worker=decode_worker,
-            seq=seq,
-            ts=now,
-            home=home,
-            notes=notes,
-            _trace=DecisionTrace(ctx, totals, parts, dropped),
-        )
-        try:
-            self.pm.hook.agentic_router_decision(router=self, request=req, decision=decision)
-        except Exception:
-            self._errors.record("hook:agentic_router_decision", "agentic_router_decision hook")
-        return decision
+            return ties[0]
+        tie_lists = [ctx.feature(f) for f in spec.tie_break]
+        rotation = ctx.rotation()
+        return min(ties, key=lambda i: (*(t[i] for t in tie_lists), rotation[i]))
 
     def route(self, req: RoutingRequest) -> Decision:
         """decide, then reserve the request on the chosen worker(s) (AddRequest)."""

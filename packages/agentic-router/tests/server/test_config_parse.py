@@ -98,7 +98,7 @@ def test_unknown_yaml_key_is_an_error(tmp_path: Path) -> None:
 
 
 def test_router_options_reach_the_router_config() -> None:
-    from agentic_router.server._routing import router_config
+    from agentic_router.server._config import router_config
 
     cfg = ServerConfig(engines=("http://h:1",), router_options=("overload_factor=2", "my_knob=7"))
     rc = router_config(cfg, ["engine_0"])

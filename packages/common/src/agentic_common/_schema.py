@@ -132,44 +132,49 @@ class EngineState:
         for name in _INT_FIELDS:
             if getattr(self, name) < 0:
                 raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
-        for name in _FLOAT_FIELDS:
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name}={value!r}")
-        if self.gpu_blocks_free > self.gpu_blocks_total:
-            raise InvalidStateError(DropReason.IMPOSSIBLE, "gpu_blocks_free > gpu_blocks_total")
-        if not 0.0 <= self.gpu_kv_used_frac <= 1.0:
-            raise InvalidStateError(DropReason.IMPOSSIBLE, "gpu_kv_used_frac outside 0..1")
-        if self.num_decoding > self.num_running:
-            raise InvalidStateError(DropReason.IMPOSSIBLE, "num_decoding > num_running")
-        if self.num_prefilling > self.num_running + self.num_waiting:
-            raise InvalidStateError(DropReason.IMPOSSIBLE, "num_prefilling > running + waiting")
-        if self.max_prefill_remaining > self.pending_prefill_tokens:
-            raise InvalidStateError(
-                DropReason.IMPOSSIBLE, "max_prefill_remaining > pending_prefill_tokens"
-            )
         for name in _OPTIONAL_INT_FIELDS:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
-        running, queued = self.running_prefill_tokens, self.queued_prefill_tokens
-        if (running is None) != (queued is None):
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name}={value!r}")
+        if (self.running_prefill_tokens is None) != (self.queued_prefill_tokens is None):
             raise InvalidStateError(
                 DropReason.MALFORMED, "running_prefill_tokens and queued_prefill_tokens go together"
             )
-        if running is not None and queued is not None:
-            if running + queued != self.pending_prefill_tokens:
-                raise InvalidStateError(
-                    DropReason.IMPOSSIBLE,
-                    "running_prefill_tokens + queued_prefill_tokens != pending_prefill_tokens",
-                )
-            if self.max_prefill_remaining > running:
-                raise InvalidStateError(
-                    DropReason.IMPOSSIBLE, "max_prefill_remaining > running_prefill_tokens"
-                )
-        if self.block_size == 0:
-            raise InvalidStateError(DropReason.IMPOSSIBLE, "block_size is 0")
+        for broken, what in self._relations():
+            if broken:
+                raise InvalidStateError(DropReason.IMPOSSIBLE, what)
         return self
+
+    def _relations(self) -> list[tuple[bool, str]]:
+        """(violated?, what) for every relation between fields a snapshot must keep."""
+        running, queued = self.running_prefill_tokens, self.queued_prefill_tokens
+        split = running is not None and queued is not None
+        return [
+            (self.gpu_blocks_free > self.gpu_blocks_total, "gpu_blocks_free > gpu_blocks_total"),
+            (not 0.0 <= self.gpu_kv_used_frac <= 1.0, "gpu_kv_used_frac outside 0..1"),
+            (self.num_decoding > self.num_running, "num_decoding > num_running"),
+            (
+                self.num_prefilling > self.num_running + self.num_waiting,
+                "num_prefilling > running + waiting",
+            ),
+            (
+                self.max_prefill_remaining > self.pending_prefill_tokens,
+                "max_prefill_remaining > pending_prefill_tokens",
+            ),
+            (
+                split and (running or 0) + (queued or 0) != self.pending_prefill_tokens,
+                "running_prefill_tokens + queued_prefill_tokens != pending_prefill_tokens",
+            ),
+            (
+                split and self.max_prefill_remaining > (running or 0),
+                "max_prefill_remaining > running_prefill_tokens",
+            ),
+            (self.block_size == 0, "block_size is 0"),
+        ]
 
     def to_json(self) -> bytes:
         """Encode as compact UTF-8 JSON (the only wire format; never pickle)."""

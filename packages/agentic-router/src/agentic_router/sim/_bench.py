@@ -130,9 +130,8 @@ class BenchRunner:
             await self._send(http, req)
             prev_done = self._now()
 
-    async def _send(self, http: Any, req: TraceRequest) -> None:
-        import aiohttp
-
+    def _request(self, req: TraceRequest) -> tuple[str, dict[str, Any], dict[str, str]]:
+        """(path, body, headers) of one trace request."""
         cfg = self.config
         text = self.synth.prompt(req)
         max_tokens = req.output_length
@@ -158,56 +157,34 @@ class BenchRunner:
         if req.session_id is not None:
             headers[cfg.session_header] = req.session_id
             body["user"] = req.session_id
+        return path, body, headers
+
+    async def _send(self, http: Any, req: TraceRequest) -> None:
+        import aiohttp
+
+        path, body, headers = self._request(req)
         release = self._now()
-        first: float | None = None
-        error: str | None = None
-        cached: int | None = None
-        out_tokens = 0
+        tally = _StreamTally(self._now)
         worker = decode_worker = None
         try:
-            async with http.post(cfg.url.rstrip("/") + path, json=body, headers=headers) as resp:
+            url = self.config.url.rstrip("/") + path
+            async with http.post(url, json=body, headers=headers) as resp:
                 worker = resp.headers.get("X-Agentic-Worker")
                 decode_worker = resp.headers.get("X-Agentic-Decode-Worker")
                 if resp.status != 200:
-                    error = f"http_{resp.status}"
+                    tally.error = f"http_{resp.status}"
                     await resp.read()
                 else:
                     async for raw in resp.content:
-                        line = raw.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
+                        if tally.line(raw):
                             break
-                        try:
-                            obj = json.loads(data)
-                        except ValueError:
-                            continue
-                        if not isinstance(obj, dict):
-                            continue
-                        if obj.get("error") is not None:
-                            error = "stream_error"
-                            break
-                        if _ttft_chunk(obj):
-                            out_tokens += 1
-                            if first is None:
-                                first = self._now()
-                        usage = obj.get("usage")
-                        if isinstance(usage, dict):
-                            if isinstance(usage.get("completion_tokens"), int):
-                                out_tokens = usage["completion_tokens"]
-                            details = usage.get("prompt_tokens_details")
-                            if isinstance(details, dict) and isinstance(
-                                details.get("cached_tokens"), int
-                            ):
-                                cached = details["cached_tokens"]
-                    if first is None and error is None:
-                        error = "no_tokens"
+                    tally.end()
         except TimeoutError:
-            error = "timeout"
+            tally.error = "timeout"
         except aiohttp.ClientError as exc:
-            error = type(exc).__name__
+            tally.error = type(exc).__name__
         end = self._now()
+        error, first = tally.error, tally.first
         self.records[req.index] = RequestRecord(
             index=req.index,
             request_id=f"r{req.index}",
@@ -217,8 +194,8 @@ class BenchRunner:
             ttft_s=None if error or first is None else first - release,
             e2e_s=None if error else end - release,
             prompt_tokens=req.input_length,
-            cached_tokens=cached,
-            output_tokens=0 if error else out_tokens,
+            cached_tokens=tally.cached,
+            output_tokens=0 if error else tally.out_tokens,
             worker=worker,
             decode_worker=decode_worker,
             error=error,
@@ -226,6 +203,51 @@ class BenchRunner:
         self.done += 1
         if self.progress is not None:
             self.progress(self.done, len(self.trace.requests))
+
+
+class _StreamTally:
+    """What one streamed answer showed: its first token's time, tokens, cache hit, error."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+        self.first: float | None = None
+        self.error: str | None = None
+        self.cached: int | None = None
+        self.out_tokens = 0
+
+    def line(self, raw: bytes) -> bool:
+        """Take one SSE line; True when the stream is over ([DONE] or an error event)."""
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            return False
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return False
+        if not isinstance(obj, dict):
+            return False
+        if obj.get("error") is not None:
+            self.error = "stream_error"
+            return True
+        if _ttft_chunk(obj):
+            self.out_tokens += 1
+            if self.first is None:
+                self.first = self._now()
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                self.out_tokens = usage["completion_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.cached = details["cached_tokens"]
+        return False
+
+    def end(self) -> None:
+        if self.first is None and self.error is None:
+            self.error = "no_tokens"
 
 
 def run_bench(

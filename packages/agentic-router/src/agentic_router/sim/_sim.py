@@ -150,25 +150,22 @@ class Simulation:
         self._run(until)
 
     def _run(self, until: float | None) -> RunResult:
-        cfg = self.config
         wall0 = time.perf_counter()
         if not self._started:
             self._started = True
-            speed = cfg.speedup
-            for i in self._first_turns:
-                self._push(self.trace.requests[i].timestamp_s / speed, _ARRIVE, i)
-            if cfg.engine_state:
-                period = cfg.engine.publish_period_s
-                for e in range(len(self.engines)):
-                    self._push(self.rng.uniform(0.0, period), _PUBLISH, e)
-                self._push(1.0 / cfg.feed_hz, _POLL, None)
-            else:
-                self._push(cfg.reconcile_period_s, _RECONCILE, None)
-            self._push(0.0, _SAMPLE, None)
+            self._seed_events()
         total = len(self.trace.requests)
         heap = self._heap
         engines = self.engines
         pop = heapq.heappop
+        handlers: dict[int, Callable[[Any], None]] = {
+            _ARRIVE: self._on_arrival,
+            _PUBLISH: self._on_publish,
+            _POLL: self._on_poll,
+            _XFER: self._on_transfer_done,
+            _RECONCILE: self._on_reconcile,
+            _SAMPLE: self._on_sample,
+        }
         progress_every = max(1, total // 200)
         reported = self._done
         stop = float("inf") if until is None else until
@@ -178,35 +175,42 @@ class Simulation:
                 break
             t, kind, _, obj = pop(heap)
             self.now = t
-            if kind == _STEP:
-                engine = engines[obj[0]]
-                if obj[1] != engine.step_gen:
-                    continue  # a decode run that was cut short: its new end is queued
-                self._on_step_end(engine)
-                if self.progress is not None and self._done - reported >= progress_every:
-                    reported = self._done
-                    self.progress(self._done, total)
-            elif kind == _ARRIVE:
-                self._on_arrival(obj)
-            elif kind == _PUBLISH:
-                self._on_publish(obj)
-            elif kind == _POLL:
-                self._on_poll()
-            elif kind == _XFER:
-                self._on_transfer_done(obj)
-            elif kind == _RECONCILE:
-                self._on_reconcile()
-            elif kind == _SAMPLE:
-                self.load_times.append(t)
-                self.load_samples.append([e.load() for e in engines])
-                self._push(t + cfg.sample_period_s, _SAMPLE, None)
+            if kind != _STEP:
+                handlers[kind](obj)
+                continue
+            engine = engines[obj[0]]
+            if obj[1] != engine.step_gen:
+                continue  # a decode run that was cut short: its new end is queued
+            self._on_step_end(engine)
+            if self.progress is not None and self._done - reported >= progress_every:
+                reported = self._done
+                self.progress(self._done, total)
         if self.progress is not None:
             self.progress(self._done, total)
         if until is None:
             self.driver.close()
+        return self._result(time.perf_counter() - wall0)
+
+    def _seed_events(self) -> None:
+        """The first arrivals and the periodic events (feed or reconcile, load samples)."""
+        cfg = self.config
+        speed = cfg.speedup
+        for i in self._first_turns:
+            self._push(self.trace.requests[i].timestamp_s / speed, _ARRIVE, i)
+        if cfg.engine_state:
+            period = cfg.engine.publish_period_s
+            for e in range(len(self.engines)):
+                self._push(self.rng.uniform(0.0, period), _PUBLISH, e)
+            self._push(1.0 / cfg.feed_hz, _POLL, None)
+        else:
+            self._push(cfg.reconcile_period_s, _RECONCILE, None)
+        self._push(0.0, _SAMPLE, None)
+
+    def _result(self, wall_s: float) -> RunResult:
+        engines = self.engines
         reqs = [r for r in self.sim_requests if r is not None]
         return RunResult(
-            config=cfg,
+            config=self.config,
             trace_name=self.trace.name,
             requests=reqs,
             release=[self.release[r.index] for r in reqs],
@@ -225,9 +229,14 @@ class Simulation:
             feed_polls=self.feed_polls,
             reconciles=self.reconciles,
             makespan_s=self.now,
-            wall_s=time.perf_counter() - wall0,
+            wall_s=wall_s,
             router_anomalies=self.driver.anomalies(),
         )
+
+    def _on_sample(self, _: object = None) -> None:
+        self.load_times.append(self.now)
+        self.load_samples.append([e.load() for e in self.engines])
+        self._push(self.now + self.config.sample_period_s, _SAMPLE, None)
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -354,7 +363,7 @@ class Simulation:
         self.latest[engine.engine_id] = engine.snapshot(self.now)
         self._push(self.now + self.config.engine.publish_period_s, _PUBLISH, e)
 
-    def _on_poll(self) -> None:
+    def _on_poll(self, _: object = None) -> None:
         now = self.now
         max_age = self.config.max_age_s
         fresh: dict[str, EngineState] = {}
@@ -367,7 +376,7 @@ class Simulation:
         self.driver.apply_engine_states(fresh)
         self._push(now + 1.0 / self.config.feed_hz, _POLL, None)
 
-    def _on_reconcile(self) -> None:
+    def _on_reconcile(self, _: object = None) -> None:
         self.reconciles += 1
         for i, engine in enumerate(self.engines):
             self.driver.reconcile(i, engine.metrics_sample())

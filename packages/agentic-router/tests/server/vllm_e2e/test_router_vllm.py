@@ -32,8 +32,9 @@ from agentic_router.server.testing import running_router
 HARNESS = Path(__file__).resolve().parents[4] / "vllm-engine-state" / "tests"
 sys.path.insert(0, str(HARNESS))
 
-from tiny_model import build_tiny_model  # noqa: E402
-from vllm_server import VLLMServer  # noqa: E402
+# vllm-engine-state's test harness, from the sys.path entry above
+from tiny_model import build_tiny_model  # type: ignore[import-not-found]  # noqa: E402
+from vllm_server import VLLMServer  # type: ignore[import-not-found]  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
