@@ -336,14 +336,16 @@ class EngineStateInstrumentor:
             self._publishers[scheduler] = publisher
         publisher.start()
         view = prefix_cache_view(scheduler)
+        if view.lookup is not None:
+            credit = f"credited with their prefix-cache hit ({view.block_size}-token blocks)"
+        else:
+            credit = f"get no prefix-cache credit: {view.reason}"
         log.info(
-            "vllm-engine-state: %s publishes as %r every %g ms; %s",
+            "vllm-engine-state: %s publishes as %r every %g ms; queued requests %s",
             type(scheduler).__qualname__,
             engine_id,
             applied.settings.period_s * 1000,
-            "queued requests are credited with their prefix-cache hit"
-            if view.lookup is not None
-            else f"queued requests get no prefix-cache credit: {view.reason}",
+            credit,
         )
 
 
