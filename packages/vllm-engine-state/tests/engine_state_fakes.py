@@ -81,8 +81,8 @@ def chain_hashes(blocks: Iterable[object], parent: bytes = b"") -> list[bytes]:
     return hashes
 
 
-def make_key(block_hash: bytes, group_id: int) -> bytes:
-    """vLLM's make_block_hash_with_group_id: the hash, then the group id on 4 bytes."""
+def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
+    """As vLLM's: the hash, then the group id on 4 bytes."""
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 
 
@@ -115,7 +115,9 @@ class FakeBlockPool:
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: list[int]) -> Any:
         cached_blocks = []
         for group_id in kv_cache_group_ids:
-            block = self.cached_block_hash_to_block.get_one_block(make_key(block_hash, group_id))
+            block = self.cached_block_hash_to_block.get_one_block(
+                make_block_hash_with_group_id(block_hash, group_id)
+            )
             if not block:
                 return None
             cached_blocks.append(block)
@@ -124,13 +126,15 @@ class FakeBlockPool:
     # test controls (vLLM caches a block once computed, drops it when evicted)
     def cache(self, block_hashes: Iterable[bytes], group_id: int = 0) -> None:
         for block_hash in block_hashes:
-            self.cached_block_hash_to_block._cache[make_key(block_hash, group_id)] = FakeBlock(
-                next(self._ids)
-            )
+            self.cached_block_hash_to_block._cache[
+                make_block_hash_with_group_id(block_hash, group_id)
+            ] = FakeBlock(next(self._ids))
 
     def evict(self, block_hashes: Iterable[bytes], group_id: int = 0) -> None:
         for block_hash in block_hashes:
-            self.cached_block_hash_to_block._cache.pop(make_key(block_hash, group_id), None)
+            self.cached_block_hash_to_block._cache.pop(
+                make_block_hash_with_group_id(block_hash, group_id), None
+            )
 
 
 class FullAttentionManager:

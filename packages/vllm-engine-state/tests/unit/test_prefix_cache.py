@@ -70,26 +70,24 @@ def oracle_credit(sched: FakeScheduler, request: FakeRequest) -> int:
     return int(blocks * manager.block_size)
 
 
-class CountingPool:
-    """Wraps a fake pool's lookup to count the dict reads one snapshot makes."""
+class Lookups:
+    """Counts the cache-table reads the snapshot makes (and lets a test act mid-search)."""
 
-    def __init__(self, pool: FakeBlockPool) -> None:
-        self.lookups = 0
-        original = pool.get_cached_block
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.on_read: Any = None
+        search = _prefix_cache.longest_cached_run
 
-        def counted(block_hash: bytes, group_ids: list[int]) -> Any:
-            self.lookups += 1
-            return original(block_hash, group_ids)
+        def counting(cached: Any, *args: Any) -> int:
+            def counted(key: bytes) -> bool:
+                self.count += 1
+                if self.on_read is not None:
+                    self.on_read()
+                return bool(cached(key))
 
-        self.counted = counted
+            return search(counted, *args)
 
-
-def count_lookups(sched: FakeScheduler, monkeypatch: pytest.MonkeyPatch) -> CountingPool:
-    pool = sched.kv_cache_manager.block_pool
-    counter = CountingPool(pool)
-    # bound-method level: the lookup code the fingerprint vouches for is unchanged
-    monkeypatch.setattr(pool, "get_cached_block", counter.counted)
-    return counter
+        monkeypatch.setattr(_prefix_cache, "longest_cached_run", counting)
 
 
 def test_a_95_percent_cached_queued_request_counts_its_tail(trusted: None) -> None:
@@ -195,7 +193,7 @@ def test_a_lookup_not_known_to_be_read_only_gets_no_credit() -> None:
     assert snap(sched).queued_prefill_tokens == req.num_tokens
 
 
-def test_the_fingerprint_covers_the_lookup_code(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fingerprint_covers_the_lookup_code(trusted: None) -> None:
     plain = lookup_fingerprint(FakeBlockPool(4))
 
     class LoggingPool(FakeBlockPool):
@@ -203,7 +201,12 @@ def test_the_fingerprint_covers_the_lookup_code(monkeypatch: pytest.MonkeyPatch)
             self.free -= 1  # a side effect the pin must catch
             return super().get_cached_block(block_hash, kv_cache_group_ids)
 
-    assert lookup_fingerprint(LoggingPool(4)) not in {None, plain}
+    assert lookup_fingerprint(LoggingPool(4)) != plain
+    sched = FakeScheduler()
+    sched.kv_cache_manager.block_pool.__class__ = LoggingPool
+    conversation("c", 10 * BLOCK_SIZE, 10, sched)
+    assert prefix_cache_view(sched).lookup is None
+    assert snap(sched).queued_prefill_tokens == 10 * BLOCK_SIZE
     assert lookup_fingerprint(object()) is None
 
 
@@ -216,26 +219,31 @@ def test_a_layout_we_do_not_know_is_no_credit_not_an_error() -> None:
     assert "ZeroDivisionError" in view.reason
 
 
-def test_a_lookup_that_fails_mid_read_means_no_credit(
-    trusted: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_read_that_fails_means_no_credit(trusted: None, monkeypatch: pytest.MonkeyPatch) -> None:
     sched = FakeScheduler()
     req = conversation("c", 40 * BLOCK_SIZE, 40, sched)
-    pool = sched.kv_cache_manager.block_pool
-    original = pool.get_cached_block
+    lookups = Lookups(monkeypatch)
 
-    def resized(block_hash: bytes, group_ids: list[int]) -> Any:
-        raise RuntimeError("dictionary changed size during iteration")
-
-    monkeypatch.setattr(pool, "get_cached_block", resized)
-    assert snap(sched).queued_prefill_tokens == req.num_tokens
-
-    def trimmed(block_hash: bytes, group_ids: list[int]) -> Any:
+    def trim() -> None:
         del req.block_hashes[1:]  # the engine trims a streaming session's hashes meanwhile
-        return original(block_hash, group_ids)
 
-    monkeypatch.setattr(pool, "get_cached_block", trimmed)
+    lookups.on_read = trim
     assert snap(sched).queued_prefill_tokens == req.num_tokens
+    assert lookups.count == 1  # the first probe; the second one found the list shorter
+    lookups.on_read = None
+    sched = FakeScheduler()
+    other = conversation("d", 10 * BLOCK_SIZE, 10, sched)
+    other.block_hashes = [str(h) for h in other.block_hashes]  # not bytes: no key
+    assert snap(sched).queued_prefill_tokens == other.num_tokens
+
+
+def test_the_credit_reads_only_vllms_table(trusted: None) -> None:
+    sched = FakeScheduler()
+    conversation("c", 30 * BLOCK_SIZE, 20, sched)
+    table = sched.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    before = list(table.items())
+    snap(sched, PrefixHitMemo())
+    assert list(table.items()) == before
 
 
 def test_the_memo_confirms_an_unchanged_hit_with_two_lookups(
@@ -243,17 +251,16 @@ def test_the_memo_confirms_an_unchanged_hit_with_two_lookups(
 ) -> None:
     sched = FakeScheduler()
     requests = [conversation(f"c{i}", 6250 * BLOCK_SIZE, 5000 + i, sched) for i in range(5)]
-    counter = count_lookups(sched, monkeypatch)
+    lookups = Lookups(monkeypatch)
     memo = PrefixHitMemo()
     first = snap(sched, memo)
-    searched = counter.lookups
-    assert searched <= 5 * (4 + math.ceil(math.log2(6250)))  # binary search, not a walk
+    assert lookups.count <= 5 * (4 + math.ceil(math.log2(6250)))  # binary search, not a walk
     assert first.queued_prefill_tokens == sum(
         r.num_tokens - oracle_credit(sched, r) for r in requests
     )
-    counter.lookups = 0
+    lookups.count = 0
     assert snap(sched, memo) == first
-    assert counter.lookups == 2 * 5
+    assert lookups.count == 2 * 5
     # The cache moves: evicting a tail drops the hit; the memo's guess fails and
     # the search finds the new boundary.
     pool = sched.kv_cache_manager.block_pool
@@ -273,13 +280,16 @@ def test_longest_cached_run_finds_the_boundary_in_log_lookups(
     limit: int, cached: int, hint: int
 ) -> None:
     probes: list[int] = []
+    hashes = [i.to_bytes(2, "big") for i in range(limit)]
 
-    def is_cached(index: int) -> bool:
+    def is_cached(key: bytes) -> bool:
+        assert key.endswith(b"@")
+        index = int.from_bytes(key[:-1], "big")
         assert 0 <= index < limit
         probes.append(index)
         return index < cached
 
-    assert longest_cached_run(is_cached, limit, hint) == min(cached, limit)
+    assert longest_cached_run(is_cached, hashes, b"@", limit, hint) == min(cached, limit)
     bound = 4 + math.ceil(math.log2(limit + 1))
     assert len(probes) <= bound
     if 0 < hint == min(cached, limit):
