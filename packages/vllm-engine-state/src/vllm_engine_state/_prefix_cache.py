@@ -166,28 +166,37 @@ class PrefixCacheLookup:
         self.block_size = block_size
         self._drop_last_block = drop_last_block
 
-    def cached_blocks(self, request: Any, hint: int = 0) -> int:
-        """Blocks of `request`'s prefix in the cache, before the EAGLE drop; 0 if unknown.
+    def credit(
+        self, request: Any, num_tokens: int, hints: dict[str, int], hits: dict[str, int]
+    ) -> int:
+        """Tokens of `request` (holding `num_tokens`) vLLM's cache would serve now; 0 if unknown.
 
-        At most `(num_tokens - 1) // block_size`: a fully cached prompt still
-        computes its last token (vLLM's `max_cache_hit_length`).
+        At most `(num_tokens - 1) // block_size` blocks: a fully cached prompt
+        still computes its last token (vLLM's `max_cache_hit_length`); one
+        block fewer with EAGLE. `hints` holds each request's cached-block count
+        at the last snapshot (by request id); this one's goes into `hits`.
+        One call per queued request, the common miss costing one lookup: this
+        runs for every queued request of every snapshot.
         """
         try:
-            if getattr(request, "skip_reading_prefix_cache", True) is not False:
-                return 0  # prompt logprobs / pooling read no cache (or we cannot tell)
+            if request.skip_reading_prefix_cache is not False:
+                return 0  # prompt logprobs / pooling read no cache
             hashes = request.block_hashes
             if type(hashes) is not list:
                 return 0
-            limit = min(len(hashes), (request.num_tokens - 1) // self.block_size)
-            return longest_cached_run(self._cached, hashes, self._suffix, limit, hint)
-        except Exception:  # a list shrinking under us, a hash of another type, ...
+            request_id = request.request_id
+            hint = hints.get(request_id, 0)
+            limit = min(len(hashes), (num_tokens - 1) // self.block_size)
+            if hint == 0 and (limit <= 0 or not self._cached(hashes[0] + self._suffix)):
+                blocks = 0
+            else:
+                blocks = longest_cached_run(self._cached, hashes, self._suffix, limit, hint)
+            hits[request_id] = blocks
+        except Exception:  # a member missing, a list shrinking under us, a hash not bytes...
             return 0
-
-    def credited_tokens(self, blocks: int) -> int:
-        """Tokens vLLM would take from the cache given `blocks` cached blocks."""
-        if self._drop_last_block and blocks > 0:
+        if blocks and self._drop_last_block:
             blocks -= 1  # EAGLE recomputes the last hit block
-        return blocks * self.block_size
+        return int(blocks * self.block_size)
 
 
 @dataclass(frozen=True)

@@ -149,10 +149,7 @@ def compute_snapshot(
             elif lookup is None:
                 queued_prefill += remaining
             else:
-                request_id = getattr(request, "request_id", "")
-                blocks = lookup.cached_blocks(request, hints.get(request_id, 0))
-                hits[request_id] = blocks
-                queued_prefill += total - max(computed, lookup.credited_tokens(blocks))
+                queued_prefill += total - max(computed, lookup.credit(request, total, hints, hits))
         elif kind == RUNNING:
             decoding += 1
             decode_tokens += max(total, computed)

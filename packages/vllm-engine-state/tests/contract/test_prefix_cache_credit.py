@@ -218,7 +218,7 @@ def test_a_preempted_request_is_credited_like_vllm_resumes_it(make_scheduler: An
         assert lookup is not None
         state = snapshot(sched, memo)
         preempted = {
-            rid: lookup.credited_tokens(lookup.cached_blocks(req))
+            rid: lookup.credit(req, req.num_tokens, {}, {})
             for rid, req in sched.requests.items()
             if req.status == RequestStatus.PREEMPTED
         }
@@ -302,7 +302,7 @@ def test_shared_prefix_conversations_agree_every_step(make_scheduler: Any) -> No
             assert lookup is not None
             for request in sched.requests.values():
                 if request.status != RequestStatus.RUNNING:
-                    credit = lookup.credited_tokens(lookup.cached_blocks(request))
+                    credit = lookup.credit(request, request.num_tokens, {}, {})
                     assert credit == vllm_walk(sched, request)
                     credited += credit
             step(sched)
