@@ -165,7 +165,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         workers=workers,
         extra={"wall_s": wall, "speedup": args.speedup},
     )
-    progress.finish(summary)
+    progress.done(args.label, summary)
     out_dir: Path = args.out / args.label
     payload = {"command": "bench", "trace": ts, "url": args.url, "summary": summary}
     write_json(out_dir / "results.json", payload)

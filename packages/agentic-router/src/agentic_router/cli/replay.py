@@ -1,8 +1,9 @@
-"""`agentic-router replay`: a trace through several policies, feed off and on,
-on simulated engines; a table, a JSON file and PNG plots.
+"""`agentic-router replay`: a trace through several policies, feed off and on, at
+one load or a sweep of loads, on simulated engines; a table, a JSON file and
+PNG plots.
 
 Owns the command line and the presentation of a replay matrix (shared with
-`demo`); the simulation itself is `_sim.py`.
+`demo`); the runs themselves are `sim._sweep`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,24 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
+
+from agentic_router.sim._config import SimConfig, Topology
+from agentic_router.sim._load import infer_sessions
+from agentic_router.sim._model import EngineConfig
+from agentic_router.sim._report import (
+    TABLE_NOTES,
+    format_table,
+    plots_available,
+    write_json,
+    write_plots,
+    write_records,
+    write_sweep_plot,
+)
+from agentic_router.sim._sweep import SweepPlan, SweepRun, run_sweep
+from agentic_router.sim._trace import Trace, TraceError, load_trace
 
 DEFAULT_POLICIES = "random,load_only,lmetric,sticky,unified"
 
@@ -31,8 +47,8 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8"
     parser.add_argument(
         "--policies",
         default=DEFAULT_POLICIES,
-        help=f"comma-separated policy names (default: {DEFAULT_POLICIES}; "
-        "`agentic-router plugins` lists them)",
+        help=f"comma-separated policy names, or `all` for every installed aggregated policy "
+        f"(default: {DEFAULT_POLICIES}; `agentic-router plugins` lists them)",
     )
     parser.add_argument(
         "--topology",
@@ -50,9 +66,30 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8"
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--speedup",
-        type=float,
-        default=1.0,
-        help="divide trace timestamps and think times by this (default 1.0)",
+        default="1",
+        help="load factor, or a comma list for a load sweep (1,2,3,4): an open-loop trace "
+        "arrives this many times faster; a closed-loop session trace (turns wait for each "
+        "other plus think times, which a faster clock does not load) gets this many times "
+        "as many sessions, copies with fresh ids for their private content (default 1)",
+    )
+    parser.add_argument(
+        "--infer-sessions",
+        action="store_true",
+        help="give a trace without session ids sessions: a request continues the latest "
+        "earlier request whose blocks are a prefix of its own (at least "
+        "--min-session-tokens long)",
+    )
+    parser.add_argument(
+        "--min-session-tokens",
+        type=int,
+        default=2048,
+        help="--infer-sessions: shortest shared prefix that continues a session (2048)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs in parallel worker processes (results do not depend on it; default 1)",
     )
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument(
@@ -126,17 +163,20 @@ class Progress:
         frac = done / total if total else 1.0
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         self.stream.write(
-            f"\r  [{self.run_index}/{self.total_runs}] {self.label:<22} [{bar}] "
+            f"\r  [{self.run_index}/{self.total_runs}] {self.label:<28} [{bar}] "
             f"{done}/{total} requests"
         )
         self.stream.flush()
 
-    def finish(self, summary: dict[str, Any]) -> None:
+    def done(self, label: str, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        if self.label != label:  # parallel runs: no per-run start was shown
+            self.run_index += 1
+            self.label = label
         took = time.perf_counter() - self.t0
         mean = summary["ttft_s"]["mean"]
-        text = f"  [{self.run_index}/{self.total_runs}] {self.label:<22} done in {took:5.1f} s"
+        text = f"  [{self.run_index}/{self.total_runs}] {self.label:<28} done in {took:5.1f} s"
         if mean is not None:
             text += f"  (mean TTFT {mean:.3f} s)"
         if self.tty:
@@ -146,15 +186,44 @@ class Progress:
         self.stream.flush()
 
 
-def parse_policies(spec: str) -> list[str]:
+def parse_policies(spec: str, *, pd: bool = False) -> list[str]:
+    """Policy names from a comma list; `all` is every installed policy that decides
+    aggregated (or, in P/D, prefill) placement."""
+    if spec.strip() == "all":
+        from agentic_router.plugins import Components, make_plugin_manager
+        from agentic_router.types import RouterConfig
+
+        specs = Components.collect(make_plugin_manager(), RouterConfig()).policies.values()
+        return [p.name for p in specs if p.scope == "any"]
     policies = [p.strip() for p in spec.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies is empty")
     return policies
 
 
+def parse_loads(spec: str) -> tuple[float, ...]:
+    """Load factors from `--speedup` (one number, or a comma list)."""
+    try:
+        loads = tuple(float(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--speedup must be numbers, got {spec!r}") from None
+    if not loads or any(not x > 0 for x in loads):
+        raise ValueError("--speedup must be > 0")
+    return loads
+
+
 def feeds_for(setting: str) -> list[bool]:
     return {"off": [False], "on": [True], "both": [False, True]}[setting]
+
+
+@dataclass
+class MatrixPlan:
+    trace: Trace
+    plan: SweepPlan
+    topology: Topology
+    engine: EngineConfig
+    out_dir: Path
+    engine_state: str
 
 
 def run_matrix_cli(
@@ -166,46 +235,78 @@ def run_matrix_cli(
     stderr: TextIO | None = None,
     header: Sequence[str] = (),
 ) -> tuple[int, dict[str, Any]]:
-    """Run every (policy, feed) pair and present the results. Returns (exit code, payload)."""
-    from agentic_router.sim._config import SimConfig, Topology
-    from agentic_router.sim._model import EngineConfig
-    from agentic_router.sim._report import (
-        TABLE_NOTES,
-        format_table,
-        plots_available,
-        records_from_run,
-        summarise_run,
-        write_json,
-        write_plots,
-        write_records,
-    )
-    from agentic_router.sim._sim import Simulation
-    from agentic_router.sim._trace import TraceError, load_trace
-
+    """Run every (policy, feed, load) triple and present the results.
+    Returns (exit code, payload)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
-        policies = parse_policies(args.policies)
-        topology = Topology.parse(args.topology)
-        trace = load_trace(trace_spec)
-        if args.limit is not None:
-            if args.limit < 1:
-                raise ValueError("--limit must be >= 1")
-            trace = trace.head(args.limit)
-        if args.speedup <= 0:
-            raise ValueError("--speedup must be > 0")
-        engine = EngineConfig()
-        if args.kv_capacity_tokens is not None:
-            engine = engine.with_kv_capacity(args.kv_capacity_tokens)
-        if args.max_batched_tokens is not None:
-            engine = replace(engine, max_num_batched_tokens=args.max_batched_tokens)
-        _check_policies(policies + ([args.decode_policy] if args.decode_policy else []))
+        mp = _plan(args, trace_spec, command)
     except (TraceError, ValueError) as exc:
         err.write(f"agentic-router {command}: error: {exc}\n")
         return 2, {}
+    for line in header:
+        err.write(line + "\n")
+    ts = mp.trace.summary()
+    plan = mp.plan
+    loads = ",".join(f"{x:g}" for x in plan.loads)
+    err.write(
+        f"  trace {ts['name']}: {ts['requests']} requests, {ts['sessions']} sessions, "
+        f"mean prompt {ts['mean_input_tokens']:.0f} tokens; topology {mp.topology}; "
+        f"{len(plan.policies)} policies x feed {mp.engine_state} x load {loads}\n"
+    )
+    progress = Progress(err, len(plan.runs()), enabled=not args.quiet)
+    runs = run_sweep(
+        mp.trace,
+        plan,
+        on_start=progress.start if plan.jobs <= 1 else None,
+        on_done=progress.done,
+        progress=progress.update,
+    )
+    summaries = [r.summary for r in runs]
+    for s in summaries:
+        s["trace"] = ts["name"]
+    for r in runs:
+        s = r.summary
+        write_records(mp.out_dir / f"requests-{_file_label(s['label'])}.jsonl", r.records)
+    payload = {
+        "command": command,
+        "trace": ts,
+        "topology": str(mp.topology),
+        "engine": _engine_doc(mp.engine),
+        "loads": list(plan.loads),
+        "runs": summaries,
+    }
+    write_json(mp.out_dir / "results.json", payload)
+    plots: list[Path] = []
+    if not args.no_plots:
+        plots = _plots(mp, runs)
+    if args.json:
+        import json
+
+        out.write(json.dumps(payload, indent=2, default=str) + "\n")
+        return 0, payload
+    _present(out, mp, summaries, plots, args)
+    return 0, payload
+
+
+def _plan(args: argparse.Namespace, trace_spec: str, command: str) -> MatrixPlan:
+    topology = Topology.parse(args.topology)
+    policies = parse_policies(args.policies, pd=topology.disaggregated)
+    trace = load_trace(trace_spec)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise ValueError("--limit must be >= 1")
+        trace = trace.head(args.limit)
+    if getattr(args, "infer_sessions", False):
+        trace = infer_sessions(trace, args.min_session_tokens)
+    loads = parse_loads(str(args.speedup))
+    engine = EngineConfig()
+    if args.kv_capacity_tokens is not None:
+        engine = engine.with_kv_capacity(args.kv_capacity_tokens)
+    if args.max_batched_tokens is not None:
+        engine = replace(engine, max_num_batched_tokens=args.max_batched_tokens)
+    _check_policies(policies + ([args.decode_policy] if args.decode_policy else []))
     out_dir: Path = args.out or Path("agentic-router-results") / command
-    feeds = feeds_for(args.engine_state)
-    stall = args.publisher_stall_s if args.publisher_stall_s >= 0 else None
     router_options: dict[str, Any] = {}
     if args.decode_policy:
         router_options["decode_policy"] = args.decode_policy
@@ -215,62 +316,48 @@ def run_matrix_cli(
         topology=topology,
         engine=engine,
         seed=args.seed,
-        publisher_stall_s=stall,
-        speedup=args.speedup,
+        publisher_stall_s=args.publisher_stall_s if args.publisher_stall_s >= 0 else None,
         router_options=router_options,
     )
-    for line in header:
-        err.write(line + "\n")
-    ts = trace.summary()
-    err.write(
-        f"  trace {ts['name']}: {ts['requests']} requests, {ts['sessions']} sessions, "
-        f"mean prompt {ts['mean_input_tokens']:.0f} tokens; topology {topology}; "
-        f"{len(policies)} policies x feed {args.engine_state}\n"
+    plan = SweepPlan(
+        policies=tuple(policies),
+        feeds=tuple(feeds_for(args.engine_state)),
+        loads=loads,
+        base=base,
+        log_root=None if args.no_logs else out_dir / "logs",
+        jobs=max(1, getattr(args, "jobs", 1)),
     )
-    progress = Progress(err, len(policies) * len(feeds), enabled=not args.quiet)
-    summaries: list[dict[str, Any]] = []
-    ttfts: dict[str, list[float]] = {}
-    loads: dict[str, tuple[list[float], list[list[int]], list[str]]] = {}
-    for policy in policies:
-        for feed in feeds:
-            log_dir = None if args.no_logs else out_dir / "logs" / f"{policy}-es{int(feed)}"
-            if log_dir is not None and log_dir.exists():
-                for old in log_dir.glob("*.jsonl"):
-                    old.unlink()
-            cfg = replace(base, policy=policy, engine_state=feed, log_dir=log_dir)
-            progress.start(cfg.label)
-            run = Simulation(trace, cfg, progress=progress.update).run()
-            summary = summarise_run(run)
-            if log_dir is not None:
-                summary["log_dir"] = str(log_dir)
-            progress.finish(summary)
-            summaries.append(summary)
-            records = records_from_run(run)
-            write_records(out_dir / f"requests-{policy}-es{int(feed)}.jsonl", records)
-            ttfts[cfg.label] = [r.ttft_s for r in records if r.ttft_s is not None]
-            loads[cfg.label] = (run.load_times, run.load_samples, list(run.worker_names))
-    payload = {
-        "command": command,
-        "trace": ts,
-        "topology": str(topology),
-        "engine": _engine_doc(engine),
-        "runs": summaries,
-    }
-    write_json(out_dir / "results.json", payload)
-    plots: list[Path] = []
-    if not args.no_plots:
-        plots = write_plots(out_dir, summaries, ttfts, loads)
-    if args.json:
-        import json
+    return MatrixPlan(trace, plan, topology, engine, out_dir, args.engine_state)
 
-        out.write(json.dumps(payload, indent=2, default=str) + "\n")
-        return 0, payload
-    out.write("\n" + format_table(summaries) + "\n\n")
+
+def _file_label(label: str) -> str:
+    return label.replace("/", "-").replace("@", "-")
+
+
+def _plots(mp: MatrixPlan, runs: Sequence[SweepRun]) -> list[Path]:
+    summaries = [r.summary for r in runs]
+    if mp.plan.sweeping:
+        return write_sweep_plot(mp.out_dir, summaries)
+    ttfts = {
+        r.summary["label"]: [x.ttft_s for x in r.records if x.ttft_s is not None] for r in runs
+    }
+    loads = {r.summary["label"]: (r.load_times, r.load_samples, r.worker_names) for r in runs}
+    return write_plots(mp.out_dir, summaries, ttfts, loads)
+
+
+def _present(
+    out: TextIO,
+    mp: MatrixPlan,
+    summaries: Sequence[dict[str, Any]],
+    plots: Sequence[Path],
+    args: argparse.Namespace,
+) -> None:
+    out.write("\n" + format_table(summaries, load=mp.plan.sweeping) + "\n\n")
     out.write(_wrap(TABLE_NOTES) + "\n\n")
-    out.write(f"results: {out_dir / 'results.json'} (per-request records: requests-*.jsonl)\n")
+    out.write(f"results: {mp.out_dir / 'results.json'} (per-request records: requests-*.jsonl)\n")
     if not args.no_logs:
         out.write(
-            f"logs:    {out_dir / 'logs'}/<policy>-es<0|1>/ "
+            f"logs:    {mp.out_dir / 'logs'}/<policy>-feed-<on|off>[-x<load>]/ "
             f"(read them with `agentic-router analyze DIR`)\n"
         )
     if plots:
@@ -278,7 +365,6 @@ def run_matrix_cli(
     elif not args.no_plots:
         msg = "matplotlib is not installed: pip install 'agentic-router[plots]'"
         out.write(f"plots:   skipped ({msg if not plots_available() else 'nothing to plot'})\n")
-    return 0, payload
 
 
 def _check_policies(policies: Sequence[str]) -> None:

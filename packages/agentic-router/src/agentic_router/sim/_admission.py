@@ -106,8 +106,9 @@ class AdmissionModel:
             return AdmissionReason.REAL_LARGE_APPEND.value
         if burst:
             return AdmissionReason.BACKPRESSURE.value
-        running, queued, _free, pending, *_ = engine._counts()
-        if running + queued >= self.session_cap:
+        counts = engine._counts()
+        pending = counts.running_prefill + counts.queued_prefill
+        if counts.running + counts.waiting >= self.session_cap:
             return AdmissionReason.SESSION_CAP.value
         waiting = len(engine.waiting) + len(engine.remote_queue)
         if waiting >= self.backpressure_queue or pending >= self.backpressure_prefill_tokens:

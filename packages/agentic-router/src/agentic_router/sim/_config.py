@@ -92,7 +92,7 @@ class SimConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.policy}/es{int(self.engine_state)}"
+        return f"{self.policy}/feed-{'on' if self.engine_state else 'off'}"
 
 
 @dataclass(slots=True)

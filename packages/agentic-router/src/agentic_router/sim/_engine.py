@@ -37,12 +37,12 @@ import math
 import os
 from collections import OrderedDict, deque
 
-from agentic_common import EngineState, kv_used_frac
 from agentic_router.sim._model import CostModel, EngineConfig, blocks_for
-from agentic_router.sim._request import EngineMetricsSample, SimRequest, StepOutcome
+from agentic_router.sim._publish import Publishing
+from agentic_router.sim._request import SimRequest, StepOutcome
 
 
-class SimEngine:
+class SimEngine(Publishing):
     """A single engine instance in virtual time."""
 
     def __init__(
@@ -500,77 +500,6 @@ class SimEngine:
         self._dirty = True
 
     # -- what the engine publishes -------------------------------------------------------------
-
-    _dirty = True
-    _cache: tuple[int, int, int, int, int, int, int, int, int] | None = None
-
-    def _counts(self) -> tuple[int, int, int, int, int, int, int, int, int]:
-        if not self._dirty and self._cache is not None:
-            return self._cache
-        pending = num_decoding = decode_tokens = num_prefilling = max_remaining = 0
-        for req in self.running:
-            remaining = req.prompt_tokens + req.generated - req.num_computed
-            if remaining > 1 or (req.num_computed == 0 and remaining > 0):
-                num_prefilling += 1
-                pending += remaining
-                max_remaining = max(max_remaining, remaining)
-            else:
-                num_decoding += 1
-                decode_tokens += req.prompt_tokens + req.generated
-        for req in self.waiting:
-            remaining = req.prompt_tokens + req.generated - req.num_computed
-            num_prefilling += 1
-            pending += remaining
-            max_remaining = max(max_remaining, remaining)
-        remote = len(self.remote_queue) + len(self.remote_inflight)
-        free = self.free_blocks
-        self._cache = (
-            len(self.running),
-            len(self.waiting) + remote,
-            free,
-            pending,
-            num_decoding,
-            decode_tokens,
-            num_prefilling,
-            remote,
-            max_remaining,
-        )
-        self._dirty = False
-        return self._cache
-
-    def snapshot(self, now: float) -> EngineState:
-        """The `EngineState` the real plugin would publish now (virtual time)."""
-        running, waiting, free, pending, ndec, dtok, npre, remote, mx = self._counts()
-        last_step = self.last_step_ts
-        if self._run_steps and self.busy:
-            done = self._run_steps_done(now)
-            dtok += self._run_batch * done
-            last_step = self.step_started + self._run_time(done)
-        self.seq += 1
-        total = self.total_blocks
-        # positional: this runs 20 times a second per engine
-        return EngineState(
-            self.engine_id,
-            now,
-            self.seq,
-            self.pid,
-            running,
-            waiting,
-            total,
-            free,
-            kv_used_frac(total, free),
-            pending,
-            ndec,
-            dtok,
-            npre,
-            remote,
-            last_step,
-            mx,
-        )
-
-    def metrics_sample(self) -> EngineMetricsSample:
-        running, waiting, free, *_ = self._counts()
-        return EngineMetricsSample(running, waiting, kv_used_frac(self.total_blocks, free))
 
     def load(self) -> int:
         """Requests on the engine (running + waiting + remote), for load-over-time plots."""

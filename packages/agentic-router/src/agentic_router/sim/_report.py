@@ -223,6 +223,7 @@ def _admission_cell(s: Mapping[str, Any]) -> str:
 
 
 COLUMNS: tuple[tuple[str, str], ...] = (
+    ("load", "x"),
     ("policy", "policy"),
     ("feed", "feed"),
     ("TTFT p50", "s"),
@@ -250,6 +251,7 @@ def table_rows(summaries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
         sw_cell = "-" if sw["mean"] is None else f"{sw['mean']:.2f}|{sw['max']}"
         rows.append(
             [
+                _fmt(s.get("speedup", 1.0), "g"),
                 s["policy"],
                 s["engine_state"],
                 _fmt(t["p50"], ".3f"),
@@ -271,11 +273,15 @@ def table_rows(summaries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     return rows
 
 
-def format_table(summaries: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
-    """The comparison table: one row per (policy, feed setting)."""
-    head = [c[0] for c in COLUMNS]
-    units = [c[1] for c in COLUMNS]
-    rows = table_rows(summaries)
+def format_table(
+    summaries: Sequence[Mapping[str, Any]], *, markdown: bool = False, load: bool = False
+) -> str:
+    """The comparison table: one row per (policy, feed setting), and per load factor
+    when `load` (a sweep)."""
+    first = 0 if load else 1
+    head = [c[0] for c in COLUMNS][first:]
+    units = [c[1] for c in COLUMNS][first:]
+    rows = [r[first:] for r in table_rows(summaries)]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -287,7 +293,7 @@ def format_table(summaries: Sequence[Mapping[str, Any]], *, markdown: bool = Fal
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w)
+            c.ljust(w) if 0 < i + first < 3 else c.rjust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
@@ -297,6 +303,7 @@ def format_table(summaries: Sequence[Mapping[str, Any]], *, markdown: bool = Fal
 
 
 TABLE_NOTES = (
+    "load = load factor (x times the trace's load); "
     "TTFT/E2E in seconds from release; hit % = prompt tokens served from the engine's "
     "prefix cache; max/mean = busiest engine's busy time over the mean (1.00 = even; the D "
     "engines in P/D); "
@@ -391,7 +398,7 @@ def write_plots(
                 width=width,
                 label=label,
                 color=colors(policies.index(label.split("/")[0]) % 10),
-                hatch="//" if label.endswith("es0") else None,
+                hatch="//" if "feed-off" in label else None,
                 edgecolor="white",
             )
         ax.set_xticks([x + 0.425 - width / 2 for x in range(len(bins))])
@@ -422,7 +429,7 @@ def _ttft_cdf(plt: Any, colors: Any, out_dir: Path, ttfts: Mapping[str, Sequence
             where="post",
             label=label,
             color=colors(policies.index(label.split("/")[0]) % 10),
-            linestyle="--" if label.endswith("es0") else "-",
+            linestyle="--" if "feed-off" in label else "-",
         )
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s, log scale)")
@@ -435,3 +442,51 @@ def _ttft_cdf(plt: Any, colors: Any, out_dir: Path, ttfts: Mapping[str, Sequence
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_sweep_plot(out_dir: Path, summaries: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """Mean and p90 TTFT against load, one line per policy (solid: feed on, dashed:
+    feed off). Returns the files written; [] when matplotlib is not installed."""
+    if not plots_available():
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = plt.get_cmap("tab10")
+    policies = list(dict.fromkeys(s["policy"] for s in summaries))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, stat in zip(axes, ("mean", "p90"), strict=True):
+        for policy in policies:
+            for feed, style in (("on", "-"), ("off", "--")):
+                pts = sorted(
+                    (s["speedup"], s["ttft_s"][stat])
+                    for s in summaries
+                    if s["policy"] == policy
+                    and s["engine_state"] == feed
+                    and s["ttft_s"][stat] is not None
+                )
+                if not pts:
+                    continue
+                ax.plot(
+                    [x for x, _ in pts],
+                    [y for _, y in pts],
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=colors(policies.index(policy) % 10),
+                    label=f"{policy} feed {feed}",
+                )
+        ax.set_yscale("log")
+        ax.set_xlabel("load (x the trace's)")
+        ax.set_ylabel(f"{stat} TTFT (s, log scale)")
+        ax.set_title(f"{stat} TTFT against load")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "ttft_vs_load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
