@@ -207,7 +207,7 @@ def bench_registry_memory(requests: int, workers: int, samples: int = 10) -> dic
     return {
         "requests": requests,
         "workers": workers,
-        "capacity_blocks_per_worker": registry.capacity_blocks,
+        "capacity_blocks_per_worker": registry.capacity_blocks(0),
         "ttl_s": registry.ttl_s,
         "virtual_hours": round(now / 3600, 2),
         "blocks_held": registry.total_blocks(),

@@ -45,6 +45,9 @@ def snapshot(engine_id: str, mode: str, seq: int, started: float) -> EngineState
         num_remote_prefill=0,
         last_step_ts=now,
         max_prefill_remaining=remaining,
+        running_prefill_tokens=remaining,  # the one prefill has started
+        queued_prefill_tokens=0,
+        block_size=16,
     ).check()
 
 

@@ -78,10 +78,26 @@ def test_unified_stays_home_then_leaves_when_overloaded(
     d1 = router.route(make_request(2300, session="s", prefix="s"))
     assert (d1.worker, d1.reason) == (home, "home")
     for _ in range(4):
-        router.add_request(make_request(50), home)  # home: 6 requests, mean 1.5
+        router.add_request(make_request(20_000), home)  # 80k tokens of prefill queued there
     d2 = router.decide(make_request(2400, session="s", prefix="s"))
     assert d2.reason == "home-overloaded"
     assert d2.worker != home
+
+
+def test_unified_keeps_a_warm_home_that_is_only_busier_by_count(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
+    # Ten short requests make home the busiest by count (the old gate's trigger), but
+    # the move would re-prefill 30k tokens elsewhere: staying is faster.
+    router = make_router(4, "unified")
+    home = router.route(make_request(30_000, session="s", prefix="s", request_id="t0")).worker
+    router.mark_prefill_completed("t0")
+    router.free("t0")
+    for i in range(10):
+        router.add_request(make_request(50, request_id=f"x{i}"), home)
+        router.mark_prefill_completed(f"x{i}")  # decoding
+    d = router.decide(make_request(30_400, session="s", prefix="s"))
+    assert (d.worker, d.reason) == (home, "home")
 
 
 def test_unified_new_sessions_spread(make_router: MakeRouter, make_request: MakeRequest) -> None:
@@ -93,21 +109,20 @@ def test_unified_new_sessions_spread(make_router: MakeRouter, make_request: Make
 # -- the migration target scorer (DESIGN §5), through the unified policy -------------------
 
 
-def _moving_session(router: Router, make_request: MakeRequest, home_load: int = 6) -> int:
-    """A session whose home is overloaded, so unified picks a migration target."""
+def _moving_session(router: Router, make_request: MakeRequest, home_load: int = 4) -> int:
+    """A session whose home has a long prefill queue, so unified picks a migration target."""
     home = router.route(make_request(4096, session="mover", prefix="mover")).worker
     for _ in range(home_load):
-        router.add_request(make_request(10), home)
+        router.add_request(make_request(20_000), home)
     return home
 
 
-def test_target_avoids_mid_large_prefill_even_with_lower_shadow(
+def test_target_charges_a_big_prefill_it_did_not_place(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     router = make_router(3, "unified")
     home = _moving_session(router, make_request)
-    others = [w for w in range(3) if w != home]
-    busy, idle = others
+    busy, idle = [w for w in range(3) if w != home]
     router.add_request(make_request(10), idle)  # idle has the higher shadow load
     router.apply_engine_states(
         {f"engine_{busy}": make_engine_state(busy, max_prefill_remaining=100_000)}
@@ -117,7 +132,26 @@ def test_target_avoids_mid_large_prefill_even_with_lower_shadow(
     assert d.worker == idle
     rec = {c.worker: c for c in d.candidates}
     assert rec[busy].real["r_max_prefill_remaining"] == 100_000
-    assert rec[busy].parts["migration_target"] >= 1e12
+    # expensive (the 100k tokens ahead at the prefill rate), not forbidden
+    assert 4.0 < rec[busy].parts["migration_target"] < 1e12
+    assert rec[idle].parts["migration_target"] < 1.0
+
+
+def test_a_mid_prefill_worker_holding_the_cache_can_still_win(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    router = make_router(2, "min_ttft")
+    warm = router.route(make_request(60_000, prefix="ctx", request_id="w")).worker
+    router.mark_prefill_completed("w")
+    router.free("w")
+    cold = 1 - warm
+    # the warm worker is 20k tokens into a prefill the router did not place
+    router.apply_engine_states(
+        {f"engine_{warm}": make_engine_state(warm, max_prefill_remaining=20_000)}
+    )
+    d = router.decide(make_request(61_000, prefix="ctx"))
+    assert d.worker == warm  # 1 s of waiting beats 3 s of re-prefill
+    assert d.to_log()["candidates"][cold]["parts"]["predicted_ttft"] > 2.5
 
 
 def test_target_real_load_beats_stale_shadow(
@@ -127,15 +161,13 @@ def test_target_real_load_beats_stale_shadow(
     home = _moving_session(router, make_request, home_load=20)
     a, b = [w for w in range(3) if w != home]
     router.add_request(make_request(10), b)  # shadow: a=0, b=1
-    # the engines know better: a runs 9 requests the shadow never saw
+    # the engines know better: a queues 9 requests (45k tokens) the shadow never saw
     router.apply_engine_states(
         {
             f"engine_{a}": make_engine_state(
-                a, num_running=9, num_decoding=9, ongoing_decode_tokens=9
+                a, num_running=1, num_waiting=8, pending_prefill_tokens=45_000
             ),
-            f"engine_{b}": make_engine_state(
-                b, num_running=1, num_decoding=1, ongoing_decode_tokens=1
-            ),
+            f"engine_{b}": make_engine_state(b, num_running=1, pending_prefill_tokens=10),
         }
     )
     assert router.decide(make_request(4200, session="mover", prefix="mover")).worker == b
@@ -146,23 +178,41 @@ def test_target_cache_rich_wins(make_router: MakeRouter, make_request: MakeReque
     home = _moving_session(router, make_request)
     a, b = [w for w in range(3) if w != home]
     # worker b served the same prefix for another session: it holds the blocks
-    router.add_request(make_request(4096, prefix="mover", session="other"), b)
-    router.add_request(make_request(10), a)  # equal loads: a=1, b=1
+    router.add_request(make_request(4096, prefix="mover", session="other", request_id="o"), b)
+    router.mark_prefill_completed("o")
+    router.add_request(make_request(10, request_id="x"), a)  # equal loads: a=1, b=1
+    router.mark_prefill_completed("x")
     d = router.decide(make_request(4200, session="mover", prefix="mover"))
     assert d.worker == b
     assert {c.worker: c.features["cached_tokens"] for c in d.candidates}[b] == 4096
 
 
-def test_target_avoids_kv_wall(
+def test_target_avoids_a_kv_wall_with_no_room_for_the_request(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     router = make_router(3, "unified", kv_wall_frac=0.9)
     home = _moving_session(router, make_request)
     a, b = [w for w in range(3) if w != home]
-    router.add_request(make_request(4096, prefix="mover", session="other"), a)  # a is cache-rich
-    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=0.97)})
+    router.add_request(make_request(4096, prefix="mover", session="other", request_id="o"), a)
+    router.mark_prefill_completed("o")  # a is cache-rich
+    # 99.9 % used: 10 blocks (160 tokens) free, less than the append and its output
+    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=0.999)})
     d = router.decide(make_request(4200, session="mover", prefix="mover"))
     assert d.worker == b
+
+
+def test_a_full_kv_cache_with_room_for_the_request_is_no_wall(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    router = make_router(3, "unified", kv_wall_frac=0.9)
+    home = _moving_session(router, make_request)
+    a, _b = [w for w in range(3) if w != home]
+    router.add_request(make_request(4096, prefix="mover", session="other", request_id="o"), a)
+    router.mark_prefill_completed("o")
+    # 97 % used still leaves 300 blocks (4800 tokens): the 104-token append fits
+    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=0.97)})
+    d = router.decide(make_request(4200, session="mover", prefix="mover"))
+    assert d.worker == a
 
 
 def test_target_falls_back_without_feed(
@@ -208,7 +258,7 @@ def test_every_decision_has_a_json_record(
 def test_filters_never_drop_every_worker(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
-    router = make_router(2, "lmetric")
+    router = make_router(2, "load_only")
     router.apply_engine_states(
         {f"engine_{w}": make_engine_state(w, max_prefill_remaining=90_000) for w in range(2)}
     )

@@ -26,7 +26,7 @@ NUM_WORKERS = 4
 def _state(capacity: int = 64) -> SequenceState:
     table = WorkerTable([f"w{i}" for i in range(NUM_WORKERS)])
     return SequenceState(
-        table, PromptRegistry(NUM_WORKERS, capacity_blocks=capacity), freed_memory=8
+        table, PromptRegistry(NUM_WORKERS, capacity_tokens=capacity * 16), freed_memory=8
     )
 
 
@@ -154,13 +154,13 @@ def test_pending_prefill_counts_only_uncached_tokens() -> None:
 
 
 def test_registry_is_bounded_lru_and_prefix_closed() -> None:
-    reg = PromptRegistry(2, capacity_blocks=5, ttl_s=100.0)
-    reg.touch(0, (1, 2, 3), now=0.0)
-    reg.touch(0, (7, 8, 9), now=1.0)  # 6 blocks > 5: the oldest chain loses its tail
+    reg = PromptRegistry(2, capacity_tokens=5 * 16, ttl_s=100.0)
+    reg.touch(0, (1, 2, 3), now=0.0, block_size=16)
+    reg.touch(0, (7, 8, 9), now=1.0, block_size=16)  # 6 blocks > 5: the oldest chain loses its tail
     assert reg.blocks_held(0) == 5
     assert reg.matched_blocks((1, 2, 3), [0, 1]) == [2, 0]
     assert reg.matched_blocks((7, 8, 9, 10), [0, 1]) == [3, 0]
-    reg.touch(1, (1, 2), now=2.0)
+    reg.touch(1, (1, 2), now=2.0, block_size=16)
     assert reg.matched_blocks((1, 2, 3), [0, 1]) == [2, 2]
     reg.expire(now=101.5)  # TTL: chain touched at t=0 and t=1 are gone, t=2 stays
     assert reg.blocks_held(0) == 0
@@ -194,9 +194,9 @@ def test_prefix_match_equals_a_naive_model(
     def chain(shape: list[int]) -> tuple[int, ...]:
         return tuple(hash(tuple(shape[: i + 1])) & 0xFFFFFFFF for i in range(len(shape)))
 
-    reg = PromptRegistry(6, capacity_blocks=cap, ttl_s=1e9)
+    reg = PromptRegistry(6, capacity_tokens=cap * 16, ttl_s=1e9)
     for t, (worker, shape) in enumerate(touches):
-        reg.touch(worker, chain(shape), now=float(t))
+        reg.touch(worker, chain(shape), now=float(t), block_size=16)
     want = []
     for w in range(6):
         held = reg._workers[w].lru

@@ -5,9 +5,9 @@ factory registers it under the name ``builtin``. Costs are "lower is better".
 
 Scale conventions so a weighted sum stays exact in float64 (integers up to
 2**53): prefill-work costs stay well below 1e12 (a 1M-token prompt on a worker
-with 1000 requests is 1e9); an avoid penalty is AVOID_PENALTY (1e12); session
-affinity weighs AFFINITY_WEIGHT (1e13), so staying home outranks everything a
-gate allowed it to outrank.
+with 1000 requests is 1e9), predicted times are seconds; an avoid penalty is
+AVOID_PENALTY (1e12); session affinity weighs AFFINITY_WEIGHT (1e13), so
+staying home outranks everything a gate allowed it to outrank.
 
 Must not keep global state: everything stateful is created per Router.
 """
@@ -17,6 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from agentic_router.cost import (
+    TtftModel,
+    eviction_cost,
+    imposed_delay,
+    predicted_ttft,
+    work_ahead,
+)
 from agentic_router.hookspecs import hookimpl
 from agentic_router.instance import InstanceState
 from agentic_router.policy import Filter, PolicySpec, Scorer, ScoringContext
@@ -25,26 +32,59 @@ from agentic_router.types import RouterConfig
 AVOID_PENALTY: Final = 1e12
 AFFINITY_WEIGHT: Final = 1e13
 
-BUILTIN_POLICIES: Final = ("round_robin", "random", "load_only", "lmetric", "sticky", "unified")
+BUILTIN_POLICIES: Final = (
+    "round_robin",
+    "random",
+    "load_only",
+    "lmetric",
+    "sticky",
+    "unified",
+    "min_ttft",
+)
 
 
 def is_big_prefill(state: InstanceState, threshold: int) -> bool:
-    """Mid-large-prefill now (fresh snapshot) or stalled right after one."""
+    """Stalled right after a big prefill, or running a big prefill (fresh) that the
+    router did not place: work its own load does not count. A big prefill the router
+    placed is in its load already; excluding its worker for it as well made the feed
+    shift load onto the rest under load (measured in the simulator)."""
+    if state.stalled:
+        return True
     r = state.r_max_prefill_remaining
-    return state.stalled or (r is not None and r >= threshold)
+    unknown = state.eff_pending_prefill - state.shadow.pending_prefill_tokens
+    return r is not None and r >= threshold and unknown >= threshold
 
 
-def is_kv_wall(state: InstanceState, wall: float) -> bool:
+#: tokens a request is assumed to generate when it does not say (`max_tokens` unset)
+DEFAULT_OUTPUT_TOKENS: Final = 256
+
+
+def is_kv_wall(state: InstanceState, wall: float, need_tokens: int = 0) -> bool:
+    """The worker's KV cache is at its wall (fresh snapshot): at least `wall` used, and
+    too little free to hold the `need_tokens` a request would add (with no need
+    given, any worker past the wall)."""
     f = state.r_kv_used_frac
-    return f is not None and f >= wall
+    if f is None or f < wall:
+        return False
+    real = state.real
+    if need_tokens <= 0 or real is None or real.block_size is None:
+        return True
+    return real.gpu_blocks_free * real.block_size < need_tokens
+
+
+def kv_need(ctx: ScoringContext) -> list[int]:
+    """Per candidate, the KV tokens the request would add there: its uncached prompt
+    tokens and its output."""
+    out = ctx.request.max_tokens or DEFAULT_OUTPUT_TOKENS
+    return [u + out for u in ctx.uncached_tokens]
 
 
 # -- filters -------------------------------------------------------------------
 class AvoidBigPrefill:
     name = "avoid_big_prefill"
     description = (
-        "drop workers in the middle of a prefill >= big_prefill_threshold tokens, or stalled "
-        "right after one (needs the feed; a no-op without it)"
+        "drop workers running a prefill of >= big_prefill_threshold tokens the router did "
+        "not place, or stalled right after one (needs the feed; a no-op without it)"
     )
 
     def __init__(self, threshold: int) -> None:
@@ -57,14 +97,17 @@ class AvoidBigPrefill:
 
 class AvoidKvWall:
     name = "avoid_kv_wall"
-    description = "drop workers whose gpu_kv_used_frac >= kv_wall_frac (needs the feed)"
+    description = (
+        "drop workers whose gpu_kv_used_frac >= kv_wall_frac and whose free KV cannot hold "
+        "the request's uncached tokens and output (needs the feed)"
+    )
 
     def __init__(self, wall: float) -> None:
         self.wall = wall
 
     def keep(self, ctx: ScoringContext) -> Sequence[bool]:
         w = self.wall
-        return [not is_kv_wall(s, w) for s in ctx.states]
+        return [not is_kv_wall(s, w, n) for s, n in zip(ctx.states, kv_need(ctx), strict=True)]
 
 
 # -- scorers -------------------------------------------------------------------
@@ -96,24 +139,121 @@ class LoadScorer:
 class LMetricScorer:
     name = "lmetric"
     description = (
-        "uncached prompt tokens x (effective requests + 1) + lmetric_decode_weight x "
-        "effective ongoing decode tokens"
+        "uncached prompt tokens x (effective requests + 1), plus prefill work ahead the "
+        "router did not place (feed), plus lmetric_decode_weight x effective decode tokens"
     )
 
-    def __init__(self, decode_weight: float) -> None:
+    def __init__(self, decode_weight: float, model: TtftModel) -> None:
         self.decode_weight = decode_weight
+        self.model = model
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
-        return lmetric_costs(ctx, self.decode_weight)
+        return lmetric_costs(ctx, self.decode_weight, self.model)
 
 
-def lmetric_costs(ctx: ScoringContext, decode_weight: float = 0.0) -> list[float]:
+def lmetric_costs(
+    ctx: ScoringContext, decode_weight: float = 0.0, model: TtftModel | None = None
+) -> list[float]:
+    """LMetric's uncached work x (load + 1). With `model`, work the feed shows ahead
+    that the router's load does not count (`unknown_ahead`: another client's prefill, a
+    stall) is added once, as work the request must wait for: a cost, not an
+    exclusion, so a worker holding the request's cache can still win."""
     costs = [
         float(u * (n + 1)) for u, n in zip(ctx.uncached_tokens, ctx.eff_num_requests, strict=True)
     ]
+    if model is not None:
+        costs = [
+            c + unknown_ahead(s, model, ctx.now) for c, s in zip(costs, ctx.states, strict=True)
+        ]
     if decode_weight:
         costs = [c + decode_weight * d for c, d in zip(costs, ctx.eff_ongoing_decode, strict=True)]
     return costs
+
+
+def unknown_ahead(state: InstanceState, model: TtftModel, now: float) -> int:
+    """Prefill work the feed shows ahead on the worker that the router did not put there
+    (another client's requests), or what is left of a big prefill after the worker's
+    feed went stale right after it; else 0. Work the router placed is in its load
+    already."""
+    if state.stalled and not state.fresh:
+        return max(0, int(work_ahead(state, model, now)) - state.shadow.pending_prefill_tokens)
+    return max(0, state.eff_pending_prefill - state.shadow.pending_prefill_tokens)
+
+
+class ImposedDelayScorer:
+    name = "imposed_delay"
+    description = (
+        "seconds of waiting the request's own prefill adds to the requests expected to "
+        "arrive on the worker meanwhile (its arrival rate x prefill time^2 / 2)"
+    )
+
+    def __init__(self, model: TtftModel, weight: float) -> None:
+        self.model = model
+        self.weight = weight
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        w = self.weight
+        return [w * d for d in imposed_delay(ctx.uncached_tokens, ctx.arrival_rates, self.model)]
+
+
+class EvictionCostScorer:
+    name = "eviction_cost"
+    description = (
+        "seconds of future re-prefill the placement causes by evicting prefixes the "
+        "worker's other sessions come back for (its uncached tokens x the share of its "
+        "sessions' working set that does not fit its cache)"
+    )
+
+    def __init__(self, model: TtftModel, weight: float) -> None:
+        self.model = model
+        self.weight = weight
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        w = self.weight
+        costs = eviction_cost(
+            ctx.uncached_tokens, ctx.working_sets, ctx.cache_capacities, self.model
+        )
+        return [w * c for c in costs]
+
+
+class PredictedTtftScorer:
+    name = "predicted_ttft"
+    description = (
+        "predicted time to first token in seconds: uncached work ahead plus the request's "
+        "own uncached tokens at the prefill rate, decode interference per prefill step, and "
+        "what is left of a stall the feed announced (agentic_router.cost)"
+    )
+
+    def __init__(self, model: TtftModel) -> None:
+        self.model = model
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        return ttft_costs(ctx, self.model)
+
+
+def placement_costs(ctx: ScoringContext, model: TtftModel, imposed_weight: float) -> list[float]:
+    """Predicted TTFT plus the weighted waiting the placement's own prefill imposes on
+    the worker's next arrivals: what a placement costs the cluster, in seconds."""
+    key = f"placement:{imposed_weight}"
+    got: list[float] | None = ctx.memo.get(key)
+    if got is None:
+        ttft = ttft_costs(ctx, model)
+        if imposed_weight:
+            extra = imposed_delay(ctx.uncached_tokens, ctx.arrival_rates, model)
+            got = [t + imposed_weight * d for t, d in zip(ttft, extra, strict=True)]
+        else:
+            got = list(ttft)
+        ctx.memo[key] = got
+    return got
+
+
+def ttft_costs(ctx: ScoringContext, model: TtftModel) -> list[float]:
+    """The predicted TTFT of the request on each candidate, computed once per context."""
+    got: list[float] | None = ctx.memo.get("predicted_ttft")
+    if got is None:
+        got = predicted_ttft(ctx.states, ctx.uncached_tokens, model, ctx.now)
+        ctx.memo["predicted_ttft"] = got
+    return got
 
 
 class SessionAffinity:
@@ -127,21 +267,39 @@ class SessionAffinity:
 
 
 class GatedSessionAffinity:
+    """Stay on the session's home (its cache) unless moving is clearly faster.
+
+    The gate weighs what a move costs: home's predicted TTFT (`agentic_router.cost`,
+    its cached prefix credited) against the best other worker's (the whole prompt
+    to re-prefill there, unless it holds it too). Home is left only when it is
+    both `overload_factor` times slower and `min_ttft_gain_s` seconds slower, so
+    a busy home with a warm cache keeps its session. A home whose cache hit is
+    below `min_cache_hit` has nothing to keep: the target scorer decides."""
+
     name = "session_affinity_gated"
     description = (
-        "-1 for the session's home unless its effective requests exceed overload_factor x "
-        "max(mean, 1) (then +1: move away), its cache hit is below min_cache_hit, or it is "
-        "mid-big-prefill/stalled"
+        "-1 for the session's home unless another worker's predicted TTFT (its re-prefill "
+        "included) is overload_factor x and min_ttft_gain_s below home's (then +1: move "
+        "away), or home's cache hit is below min_cache_hit"
     )
 
-    def __init__(self, overload_factor: float, min_cache_hit: float, big_prefill: int) -> None:
+    def __init__(
+        self,
+        overload_factor: float,
+        min_cache_hit: float,
+        min_gain_s: float,
+        model: TtftModel,
+        imposed_weight: float = 0.0,
+    ) -> None:
         self.overload_factor = overload_factor
         self.min_cache_hit = min_cache_hit
-        self.big_prefill = big_prefill
+        self.min_gain_s = min_gain_s
+        self.model = model
+        self.imposed_weight = imposed_weight
 
-    def gate_loads(self, ctx: ScoringContext) -> Sequence[float]:
-        """The per-candidate load the overload gate compares (subclasses narrow it)."""
-        return ctx.eff_num_requests
+    def gate_costs(self, ctx: ScoringContext) -> Sequence[float]:
+        """The per-candidate cost the gate compares (subclasses narrow it)."""
+        return placement_costs(ctx, self.model, self.imposed_weight)
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
         zeros = [0.0] * len(ctx.candidates)
@@ -153,60 +311,60 @@ class GatedSessionAffinity:
         if i is None:
             ctx.notes["reason"] = "home-unavailable"
             return zeros
-        loads = self.gate_loads(ctx)
-        mean = sum(loads) / len(loads)
         req = ctx.request
-        if loads[i] > self.overload_factor * max(mean, 1.0):
-            # leaving because of load: the target must not be home again, even
-            # though home's cached prefix makes it look cheap to lmetric
-            ctx.notes["reason"] = "home-overloaded"
-            zeros[i] = 1.0
-            return zeros
-        if is_big_prefill(ctx.states[i], self.big_prefill):
-            ctx.notes["reason"] = "home-big-prefill"
-            return zeros
         if req.block_hashes and req.prompt_tokens > 0:
             hit = ctx.cached_tokens[i] / req.prompt_tokens
             if hit < self.min_cache_hit:
                 ctx.notes["reason"] = "home-low-cache"
                 return zeros
+        costs = self.gate_costs(ctx)
+        best = min((c for k, c in enumerate(costs) if k != i), default=None)
+        here = costs[i]
+        if (
+            best is not None
+            and here > self.overload_factor * best
+            and here - best >= self.min_gain_s
+        ):
+            # leaving because home is slower: the target must not be home again
+            ctx.notes["reason"] = "home-overloaded"
+            zeros[i] = 1.0
+            return zeros
         ctx.notes["reason"] = "home"
         zeros[i] = -1.0
         return zeros
 
 
 class MigrationTargetScorer:
-    """DESIGN §5's target scorer, for every policy that picks a migration target.
+    """The target scorer (docs/policies.md), for every policy that picks where a request
+    or a session goes when it leaves (or has no) home.
 
-    cost = AVOID_PENALTY x [mid-big-prefill or stalled]
-         + AVOID_PENALTY x [gpu_kv_used_frac >= kv_wall_frac]
-         + uncached tokens x (effective requests + 1)
+    cost = predicted TTFT (agentic_router.cost)
+         + AVOID_PENALTY x [KV wall: gpu_kv_used_frac >= kv_wall_frac and the
+                            free KV cannot hold the request's new tokens]
 
-    The last term ranks by cache richness (fewer uncached tokens) and load
-    (effective = max(shadow, real) while fresh, so a fresh real load beats a
-    stale shadow). Without a feed both avoid terms are 0 and the effective load
-    is the shadow: the graceful fallback.
+    A mid-big-prefill or stalled worker is expensive, not forbidden: its
+    predicted TTFT carries what is left of the prefill, and the cache it holds
+    can still make it the best choice. Only a KV wall (fresh) is avoided, and
+    a wall that still has room for what this request adds is no wall.
+    Without a feed the prediction runs on the shadow: the graceful fallback.
     """
 
     name = "migration_target"
     description = (
-        "avoid max_prefill_remaining >= big_prefill_threshold and gpu_kv_used_frac >= "
-        "kv_wall_frac, then rank by uncached tokens x (effective load + 1)"
+        "predicted TTFT (uncached work ahead + own uncached tokens at the prefill rate, "
+        "decode interference, stall remaining), avoiding gpu_kv_used_frac >= kv_wall_frac"
     )
 
-    def __init__(self, big_prefill: int, kv_wall: float) -> None:
-        self.big_prefill = big_prefill
+    def __init__(self, kv_wall: float, model: TtftModel, imposed_weight: float = 0.0) -> None:
         self.kv_wall = kv_wall
+        self.model = model
+        self.imposed_weight = imposed_weight
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
-        costs = lmetric_costs(ctx)
-        bp, kw = self.big_prefill, self.kv_wall
-        for i, s in enumerate(ctx.states):
-            if not s.uses_real:  # no feed, or stale: nothing to avoid (graceful fallback)
-                continue
-            if is_big_prefill(s, bp):
-                costs[i] += AVOID_PENALTY
-            if is_kv_wall(s, kw):
+        costs = list(placement_costs(ctx, self.model, self.imposed_weight))
+        kw = self.kv_wall
+        for i, (s, need) in enumerate(zip(ctx.states, kv_need(ctx), strict=True)):
+            if is_kv_wall(s, kw, need):
                 costs[i] += AVOID_PENALTY
         return costs
 
@@ -219,16 +377,20 @@ def agentic_router_filters(config: RouterConfig) -> Sequence[Filter]:
 
 @hookimpl
 def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
+    model = TtftModel.of(config)
     return [
         RoundRobinScorer(),
         RandomScorer(),
         LoadScorer(),
-        LMetricScorer(config.lmetric_decode_weight),
+        LMetricScorer(config.lmetric_decode_weight, model),
+        PredictedTtftScorer(model),
+        ImposedDelayScorer(model, config.imposed_delay_weight),
+        EvictionCostScorer(model, config.eviction_cost_weight),
         SessionAffinity(),
         GatedSessionAffinity(
-            config.overload_factor, config.min_cache_hit, config.big_prefill_threshold
+            config.overload_factor, config.min_cache_hit, config.min_ttft_gain_s, model
         ),
-        MigrationTargetScorer(config.big_prefill_threshold, config.kv_wall_frac),
+        MigrationTargetScorer(config.kv_wall_frac, model),
     ]
 
 
@@ -247,9 +409,10 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
         ),
         PolicySpec(
             "lmetric",
-            "LMetric: uncached prefill tokens x (load + 1), plus optional decode weight",
+            "LMetric: uncached prefill tokens (plus a big prefill still ahead) x (load + 1), "
+            "plus optional decode weight",
             (("lmetric", 1.0),),
-            filters=avoid,
+            filters=("avoid_kv_wall",),
             tie_break=("uncached_tokens", "eff_num_requests"),
         ),
         PolicySpec(
@@ -260,9 +423,21 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
         ),
         PolicySpec(
             "unified",
-            "gated affinity: stay home unless overloaded, low cache hit or stalled; "
-            "else the migration target scorer (lmetric with stall and KV-wall avoidance)",
+            "gated affinity: stay home unless another worker is clearly faster by predicted "
+            "TTFT (the move's re-prefill included) or home's cache hit is low; else the "
+            "migration target scorer (lowest predicted TTFT, avoiding a KV wall)",
             (("session_affinity_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            tie_break=("uncached_tokens", "eff_num_requests"),
+        ),
+        PolicySpec(
+            "min_ttft",
+            "the lowest predicted TTFT (work ahead and the request's own uncached tokens at "
+            "the prefill rate, decode interference, stall remaining) plus what the placement "
+            "costs the worker's other requests (the waiting its prefill imposes on the next "
+            "arrivals, the re-prefill its evictions cause); sessions stay where their cache "
+            "makes that lowest",
+            (("predicted_ttft", 1.0), ("imposed_delay", 1.0), ("eviction_cost", 1.0)),
+            filters=("avoid_kv_wall",),
             tie_break=("uncached_tokens", "eff_num_requests"),
         ),
     ]

@@ -115,6 +115,12 @@ class Decision:
     def candidates(self) -> tuple[CandidateScore, ...]:
         return () if self._trace is None else self._trace.build()
 
+    def freeze(self) -> None:
+        """Compute now what the candidate records need from the prefix registry (which
+        blocks each candidate holds), before a reservation changes it."""
+        if self._trace is not None:
+            self._trace.ctx.cached_blocks  # noqa: B018 - a cached property, computed once
+
     def to_log(self) -> dict[str, Any]:
         return {
             "ts": self.ts,

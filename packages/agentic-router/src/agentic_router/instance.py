@@ -1,18 +1,32 @@
 """InstanceState: one worker's shadow load joined with its latest real EngineState.
 
-The effective-state rule (docs/state.md): every load quantity reads
-`eff = max(shadow, real)` while the real snapshot is fresh (age <= max_age),
-and `shadow` alone otherwise. Real-only signals (`r_max_prefill_remaining`,
-`r_kv_used_frac`, `r_num_prefilling`) are None when stale; every policy handles
-None.
+The effective-state rule (docs/state.md): while the real snapshot is fresh
+(age <= max_age), every load quantity reads the shadow now plus what the
+engine had *beyond the router's own reservations when the snapshot was
+taken* (`Unreserved`, never negative: requests of another router, a
+client that bypasses it, uncached work the prefix registry did not expect);
+the shadow alone otherwise. Comparing the snapshot with the shadow of its own
+instant, not of now, keeps the feed's lag out: a request the router
+dispatched or finished after the snapshot is not counted twice or missed,
+and when the router knows everything the engine has, the feed changes no
+load at all. Real-only signals (`r_max_prefill_remaining`, `r_kv_used_frac`,
+`r_num_prefilling`) are None when stale; every policy handles None.
+
+Backlog: a snapshot from a cache-aware publisher (`EngineState.is_cache_aware`)
+counts a queued request's uncached tokens only; the prefill backlog and the
+stall predictor of an older publisher counted cached tokens as work, so for
+such a snapshot the effective backlog is the shadow's and
+`r_max_prefill_remaining` is None (its counts are still used).
 
 Stall rule (docs/state.md): the engine's publisher shares the engine's interpreter
 lock, so a big prefill can silence it exactly when it matters. A worker whose
-last snapshot showed `max_prefill_remaining >= big_prefill_threshold` and
-whose feed then went stale reads as `stalled` for up to `stall_hold_s`; so does
-a fresh snapshot whose scheduler has not stepped for `step_stall_s` while it
-has running requests. While stalled, loads read max(shadow, last real) so the
-big prefill stays visible.
+last snapshot showed a started prefill of `max_prefill_remaining >=
+big_prefill_threshold` tokens and whose feed then went stale reads as
+`stalled` while that prefill is predicted to still be running (its remaining
+tokens at `prefill_tokens_per_s`, at most `stall_hold_s`); so does a fresh
+snapshot whose scheduler has not stepped for `step_stall_s` while it has
+running requests. While stalled, loads read max(shadow, last real) so the big
+prefill stays visible; `agentic_router.cost` charges what is left of it.
 
 An InstanceState is an immutable value computed at one instant; holding one
 never pins live state. This module must not mutate anything.
@@ -20,11 +34,44 @@ never pins live state. This module must not mutate anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from agentic_common import EngineState
 from agentic_router.state import WorkerLoad
 from agentic_router.types import RealStateRules
+
+
+@dataclass(frozen=True, slots=True)
+class Unreserved:
+    """What a snapshot showed beyond the router's reservations at the snapshot's instant
+    (each at least 0)."""
+
+    requests: int = 0
+    pending_prefill: int = 0
+    decode_tokens: int = 0
+    decoding: int = 0
+
+    @classmethod
+    def between(cls, real: EngineState, shadow: WorkerLoad) -> Unreserved:
+        """The snapshot against the shadow of the snapshot's instant. Prefill backlog and
+        decode context are counted beyond the shadow's only when the engine runs
+        requests the router does not know (another router's, a client's that bypassed
+        it): for its own requests the router's accounting stands. Their differences
+        from the engine's (generated tokens, a preempted request's re-prefill, a
+        prefix the registry thought cached) are drift that made every policy move
+        sessions off their cache under load, measured in the simulator."""
+        requests = max(0, real.num_running + real.num_waiting - shadow.num_requests)
+        decoding = max(0, real.num_decoding - shadow.num_decoding)
+        pending = decode_tokens = 0
+        if requests and real.is_cache_aware:
+            pending = max(0, real.pending_prefill_tokens - shadow.pending_prefill_tokens)
+        if decoding:
+            decode_tokens = max(0, real.ongoing_decode_tokens - shadow.ongoing_decode_tokens)
+        return cls(requests, pending, decode_tokens, decoding)
+
+
+NONE_UNRESERVED = Unreserved()
 
 
 class InstanceState:
@@ -57,7 +104,7 @@ class InstanceState:
     fresh: bool
     stalled: bool
     uses_real: bool  # loads read the real snapshot (fresh, or stalled)
-    # effective loads: max(shadow, real) while fresh (or stalled), else shadow
+    # effective loads: shadow + unreserved while fresh (or stalled), else shadow
     eff_num_requests: int
     eff_pending_prefill: int
     eff_ongoing_decode: int
@@ -76,6 +123,7 @@ class InstanceState:
         age_s: float | None = None,
         fresh: bool = False,
         stalled: bool = False,
+        unreserved: Unreserved = NONE_UNRESERVED,
     ) -> None:
         self.worker = worker
         self.shadow = shadow
@@ -85,16 +133,13 @@ class InstanceState:
         self.stalled = stalled
         s_ongoing = shadow.pending_prefill_tokens + shadow.ongoing_decode_tokens
         if real is not None and (fresh or stalled):
+            u = unreserved
             self.uses_real = True
-            self.eff_num_requests = max(shadow.num_requests, real.num_running + real.num_waiting)
-            self.eff_pending_prefill = max(
-                shadow.pending_prefill_tokens, real.pending_prefill_tokens
-            )
-            self.eff_ongoing_decode = max(shadow.ongoing_decode_tokens, real.ongoing_decode_tokens)
-            self.eff_num_decoding = max(shadow.num_decoding, real.num_decoding)
-            self.eff_ongoing_tokens = max(
-                s_ongoing, real.pending_prefill_tokens + real.ongoing_decode_tokens
-            )
+            self.eff_num_requests = shadow.num_requests + u.requests
+            self.eff_pending_prefill = shadow.pending_prefill_tokens + u.pending_prefill
+            self.eff_ongoing_decode = shadow.ongoing_decode_tokens + u.decode_tokens
+            self.eff_num_decoding = shadow.num_decoding + u.decoding
+            self.eff_ongoing_tokens = self.eff_pending_prefill + self.eff_ongoing_decode
         else:
             self.uses_real = False
             self.eff_num_requests = shadow.num_requests
@@ -103,7 +148,8 @@ class InstanceState:
             self.eff_num_decoding = shadow.num_decoding
             self.eff_ongoing_tokens = s_ongoing
         if real is not None and fresh:
-            self.r_max_prefill_remaining = real.max_prefill_remaining
+            cache_aware = real.is_cache_aware
+            self.r_max_prefill_remaining = real.max_prefill_remaining if cache_aware else None
             self.r_kv_used_frac = real.gpu_kv_used_frac
             self.r_num_prefilling = real.num_prefilling
         else:
@@ -130,8 +176,11 @@ class InstanceState:
                 and real.ts - real.last_step_ts >= rules.step_stall_s
             )
             return age, True, stalled
-        stalled = real.max_prefill_remaining >= rules.big_prefill_threshold and (
-            age <= rules.stall_hold_s
+        big = real.max_prefill_remaining
+        stalled = (
+            real.is_cache_aware
+            and big >= rules.big_prefill_threshold
+            and age <= min(rules.stall_hold_s, big / rules.prefill_tokens_per_s)
         )
         return age, False, stalled
 
@@ -142,11 +191,12 @@ class InstanceState:
         real: EngineState | None,
         now: float,
         rules: RealStateRules,
+        unreserved: Unreserved = NONE_UNRESERVED,
     ) -> InstanceState:
         if real is None:
             return InstanceState(worker, shadow)
         age, fresh, stalled = InstanceState.flags(real, now, rules)
-        return InstanceState(worker, shadow, real, age, fresh, stalled)
+        return InstanceState(worker, shadow, real, age, fresh, stalled, unreserved)
 
     def real_fields(self, now: float | None = None) -> dict[str, Any]:
         """The real-state fields a decision used (for the decision record);

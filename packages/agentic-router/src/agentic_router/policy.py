@@ -72,6 +72,9 @@ class PolicySpec:
     # features compared after the total, before rotation (see TIE_FEATURES)
     tie_break: tuple[str, ...] = ()
     decode_selector: Callable[[RouterConfig], DecodeSelector] | None = None
+    # "any": places requests in any pool (aggregated, prefill or decode);
+    # "decode": only meaningful for a P/D decode pool (kv_aware)
+    scope: str = "any"
 
 
 class RouterView(Protocol):
@@ -145,6 +148,9 @@ class ScoringContext:
         self.registry = registry
         self.rng = rng
         self.notes: dict[str, Any] = {} if notes is None else notes
+        # values several scorers of one decision derive alike (e.g. the predicted
+        # TTFT), computed once per context (not carried over by `narrow`)
+        self.memo: dict[str, Any] = {}
 
     def narrow(self, keep: Sequence[bool]) -> ScoringContext:
         """A context over the kept candidates (prefix matches carried over)."""
@@ -181,6 +187,24 @@ class ScoringContext:
     def uncached_tokens(self) -> list[int]:
         p = self.request.prompt_tokens
         return [p - c for c in self.cached_tokens]
+
+    @cached_property
+    def arrival_rates(self) -> list[float]:
+        """Requests per second the router has been placing on each candidate."""
+        rate, now = self.registry.arrival_rate, self.now
+        return [rate(c, now) for c in self.candidates]
+
+    @cached_property
+    def working_sets(self) -> list[int]:
+        """Prompt tokens of the recently active sessions homed on each candidate."""
+        ws, now = self.registry.working_set, self.now
+        return [ws(c, now) for c in self.candidates]
+
+    @cached_property
+    def cache_capacities(self) -> list[int]:
+        """Each candidate's prefix-cache capacity in tokens (the registry's model of it)."""
+        cap = self.registry.capacity_tokens
+        return [cap[c] for c in self.candidates]
 
     @cached_property
     def eff_num_requests(self) -> list[int]:

@@ -60,7 +60,11 @@ class ManualClock:
 
 
 def engine_state(engine_id: str, ts: float, **fields: Any) -> EngineState:
-    """A valid idle EngineState; `fields` override (validated by EngineState.check)."""
+    """A valid idle EngineState of a cache-aware publisher; `fields` override (validated
+    by EngineState.check). Unless given, the backlog split is derived: the largest
+    prefill has started (`running_prefill_tokens = max_prefill_remaining`), the rest
+    is queued. Pass `running_prefill_tokens=None, queued_prefill_tokens=None` for an
+    older publisher's snapshot."""
     values: dict[str, Any] = {
         "engine_id": engine_id,
         "ts": ts,
@@ -92,6 +96,11 @@ def engine_state(engine_id: str, ts: float, **fields: Any) -> EngineState:
     if values["pending_prefill_tokens"] and "num_prefilling" not in fields:
         values["num_prefilling"] = 1
         values["num_running"] = max(values["num_running"], 1)
+    if "running_prefill_tokens" not in fields and "queued_prefill_tokens" not in fields:
+        running = values["max_prefill_remaining"]
+        values["running_prefill_tokens"] = running
+        values["queued_prefill_tokens"] = max(0, values["pending_prefill_tokens"] - running)
+    values.setdefault("block_size", 16)
     return EngineState(**values).check()
 
 

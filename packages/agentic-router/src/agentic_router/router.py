@@ -74,7 +74,7 @@ import logging
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -83,7 +83,7 @@ import pluggy
 from agentic_common import EngineState
 from agentic_router.decision import Decision, DecisionTrace
 from agentic_router.engine_metrics import EngineMetrics
-from agentic_router.instance import InstanceState
+from agentic_router.instance import NONE_UNRESERVED, InstanceState, Unreserved
 from agentic_router.plugins import Components, build_decode_selector, make_plugin_manager
 from agentic_router.policy import DecodeSelector, PolicySpec, Scorer, ScoringContext
 from agentic_router.state import (
@@ -91,6 +91,7 @@ from agentic_router.state import (
     PromptRegistry,
     SequenceEntry,
     SequenceState,
+    WorkerLoad,
     WorkerTable,
 )
 from agentic_router.types import Clock, RouterConfig, RouterEvent, RoutingRequest
@@ -135,10 +136,11 @@ class Router:
         self.num_workers = len(self.workers)
         self.registry = PromptRegistry(
             self.num_workers,
-            capacity_blocks=self.config.registry_capacity_blocks,
+            capacity_tokens=self.config.registry_capacity_tokens,
             ttl_s=self.config.registry_ttl_s,
             session_capacity=self.config.session_capacity,
             session_ttl_s=self.config.session_ttl_s,
+            working_set_window_s=self.config.working_set_window_s,
         )
         self.state = SequenceState(
             self.workers, self.registry, freed_memory=self.config.freed_memory
@@ -157,6 +159,12 @@ class Router:
             if not 0 <= w < self.num_workers:
                 raise ValueError(f"engine_map[{engine_id!r}] = {w} is not a worker index")
         self._real: list[EngineState | None] = [None] * self.num_workers
+        self._unreserved: list[Unreserved] = [NONE_UNRESERVED] * self.num_workers
+        # each worker's recent shadow loads (time, load), to compare a snapshot with
+        # the shadow of its own instant; a projection is a fresh WorkerLoad per change
+        self._history: list[deque[tuple[float, WorkerLoad]]] = [
+            deque([(clock(), self.registry.load(w))]) for w in range(self.num_workers)
+        ]
         self._inst_cache: list[InstanceState | None] = [None] * self.num_workers
         self._metrics: list[EngineMetrics | None] = [None] * self.num_workers
         self._excess_since: list[float | None] = [None] * self.num_workers
@@ -164,6 +172,7 @@ class Router:
         self._policy: PolicySpec
         self._decode: DecodeSelector | None
         self._last_expire = clock()
+        self._undecided: tuple[str, Decision] | None = None  # the latest decision, unreserved
         self.set_policy(policy)
 
     # -- configuration ----------------------------------------------------------
@@ -208,7 +217,12 @@ class Router:
     # -- reading state ------------------------------------------------------------
     def _instance(self, worker: int, now: float) -> InstanceState:
         return InstanceState.build(
-            worker, self.registry.load(worker), self._real[worker], now, self._rules
+            worker,
+            self.registry.load(worker),
+            self._real[worker],
+            now,
+            self._rules,
+            self._unreserved[worker],
         )
 
     def _states(self, workers: list[int], now: float) -> list[InstanceState]:
@@ -234,7 +248,7 @@ class Router:
                     or c.fresh != fresh
                     or c.stalled != stalled
                 ):
-                    c = cache[w] = InstanceState(w, sh, r, age, fresh, stalled)
+                    c = cache[w] = InstanceState(w, sh, r, age, fresh, stalled, self._unreserved[w])
             out.append(c)
         return out
 
@@ -303,6 +317,7 @@ class Router:
             notes=notes,
             _trace=DecisionTrace(ctx, totals, parts, dropped),
         )
+        self._undecided = (req.request_id, decision)
         try:
             self.pm.hook.agentic_router_decision(router=self, request=req, decision=decision)
         except Exception:
@@ -382,6 +397,12 @@ class Router:
     ) -> None:
         """AddRequest. With `decode_worker` (a Decision's, for Mechanism B or P/D
         inside one Router), the request's load moves there at first token."""
+        pending = self._undecided
+        if pending is not None and pending[0] == req.request_id:
+            # the decision record says what the candidates held when it was made,
+            # not after this reservation put the prompt on its worker
+            pending[1].freeze()
+            self._undecided = None
         now = self.clock()
         entry = self.state.add_request(
             req.request_id,
@@ -397,18 +418,41 @@ class Router:
             self._last_expire = now
             self.registry.expire(now)
         if entry is not None:
+            self._track(entry.worker, now)
             self._emit("add", entry, now)
 
     def mark_prefill_completed(self, request_id: str) -> None:
         now = self.clock()
         entry = self.state.mark_prefill_completed(request_id, now)
         if entry is not None:
+            self._track(entry.worker, now)
+            if entry.prefill_worker is not None:
+                self._track(entry.prefill_worker, now)
             self._emit("prefill_completed", entry, now)
 
     def free(self, request_id: str) -> None:
         entry = self.state.free(request_id)
         if entry is not None:
-            self._emit("free", entry, self.clock())
+            now = self.clock()
+            self._track(entry.worker, now)
+            self._emit("free", entry, now)
+
+    def _track(self, worker: int, now: float) -> None:
+        """Remember the worker's new shadow load, keeping what a snapshot can still
+        need (as old as a fresh snapshot can be, and the latest older one)."""
+        history = self._history[worker]
+        history.append((now, self.registry.load(worker)))
+        horizon = now - self.config.max_age_s - 1.0
+        while len(history) > 1 and history[1][0] <= horizon:
+            history.popleft()
+
+    def _shadow_at(self, worker: int, ts: float) -> WorkerLoad:
+        """The worker's shadow load as it was at `ts` (the oldest remembered if older)."""
+        history = self._history[worker]
+        for t, load in reversed(history):
+            if t <= ts:
+                return load
+        return history[0][1]
 
     def notify(
         self,
@@ -464,7 +508,11 @@ class Router:
                     self.feed_counts["out_of_order"] += 1
                 continue
             self._real[worker] = st
+            self._unreserved[worker] = Unreserved.between(st, self._shadow_at(worker, st.ts))
             self.feed_counts["applied"] += 1
+            capacity = st.kv_capacity_tokens
+            if capacity is not None and capacity != self.registry.capacity_tokens[worker]:
+                self.registry.set_capacity(worker, capacity)
             if now - st.ts <= self.config.max_age_s:
                 self._reconcile_leaks(worker, st.num_running + st.num_waiting, now)
 
@@ -492,6 +540,7 @@ class Router:
         )
         for e in old[:excess]:
             self.state.free(e.request_id, reason=RECONCILED_FREE)
+            self._track(worker, now)
             self._emit("free", e, now)
         self._excess_since[worker] = None
 

@@ -20,6 +20,7 @@ engines, policies or HTTP.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class SequenceEntry:
     # there at MarkPrefillCompleted, with the prefix blocks (KV flows P -> D)
     decode_worker: int | None = None
     block_hashes: Sequence[int] = ()
+    block_size: int = 1
     prefill_worker: int | None = None  # set once the entry moved
 
 
@@ -228,20 +230,33 @@ class PromptRegistry:
     its blocks from the last to the first, so eviction (least recently used
     first) always drops a chain's tail before its head, and "worker holds
     block i" keeps implying "worker holds blocks 0..i".
+
+    Each worker's capacity is in tokens, like the engine's prefix cache it
+    models (`set_capacity` when the engine reports its KV size), so its
+    meaning does not change with the block size a trace or router hashes with.
     """
 
     def __init__(
         self,
         num_workers: int,
         *,
-        capacity_blocks: int = 8192,
+        capacity_tokens: int = 650_000,
         ttl_s: float = 600.0,
         session_capacity: int = 100_000,
         session_ttl_s: float = 3600.0,
+        rate_window_s: float = 30.0,
+        working_set_window_s: float = 120.0,
     ) -> None:
-        if capacity_blocks <= 0 or session_capacity <= 0:
+        if capacity_tokens <= 0 or session_capacity <= 0:
             raise ValueError("registry capacities must be positive")
-        self.capacity_blocks = capacity_blocks
+        self.rate_window_s = rate_window_s
+        self.working_set_window_s = working_set_window_s
+        # session -> (home, its last prompt tokens, last seen), order = recency
+        self._active: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
+        self._working_set = [0] * num_workers
+        self._arrivals = [(0.0, 0.0)] * num_workers  # (decayed count, when)
+        self.capacity_tokens = [capacity_tokens] * num_workers
+        self._block_tokens = [1] * num_workers  # tokens per block of the latest touch
         self.ttl_s = ttl_s
         self.session_capacity = session_capacity
         self.session_ttl_s = session_ttl_s
@@ -257,11 +272,37 @@ class PromptRegistry:
     def project_load(self, worker: int, load: WorkerLoad) -> None:
         self._loads[worker] = load.copy()
 
+    def note_arrival(self, worker: int, now: float) -> None:
+        """A request was placed on the worker (for its arrival rate)."""
+        value, last = self._arrivals[worker]
+        self._arrivals[worker] = (
+            value * math.exp(min(0.0, last - now) / self.rate_window_s) + 1,
+            now,
+        )
+
+    def arrival_rate(self, worker: int, now: float) -> float:
+        """Requests placed on the worker per second, exponentially weighted over
+        `rate_window_s`."""
+        value, last = self._arrivals[worker]
+        return value * math.exp(min(0.0, last - now) / self.rate_window_s) / self.rate_window_s
+
     def load(self, worker: int) -> WorkerLoad:
         return self._loads[worker]
 
     # -- prefix membership -----------------------------------------------
-    def touch(self, worker: int, block_hashes: Sequence[int], now: float) -> None:
+    def set_capacity(self, worker: int, tokens: int) -> None:
+        """The worker's prefix-cache capacity in tokens (e.g. its engine's KV size)."""
+        if tokens > 0:
+            self.capacity_tokens[worker] = tokens
+
+    def capacity_blocks(self, worker: int) -> int:
+        return max(1, self.capacity_tokens[worker] // self._block_tokens[worker])
+
+    def touch(
+        self, worker: int, block_hashes: Sequence[int], now: float, *, block_size: int
+    ) -> None:
+        """The worker now holds these blocks (`block_size` tokens each), most recently."""
+        self._block_tokens[worker] = max(1, block_size)
         lru = self._workers[worker].lru
         holders = self._holders
         bit = 1 << worker
@@ -276,7 +317,7 @@ class PromptRegistry:
     def _evict(self, worker: int, now: float) -> None:
         lru = self._workers[worker].lru
         cutoff = now - self.ttl_s
-        cap = self.capacity_blocks
+        cap = self.capacity_blocks(worker)
         holders = self._holders
         keep = ~(1 << worker)
         while lru:
@@ -350,13 +391,36 @@ class PromptRegistry:
         return sum(len(w.lru) for w in self._workers)
 
     # -- session homes ---------------------------------------------------
-    def bind_session(self, session_id: str, worker: int, now: float) -> None:
+    def bind_session(self, session_id: str, worker: int, now: float, tokens: int = 0) -> None:
         sessions = self._sessions
         sessions[session_id] = (worker, now)
         sessions.move_to_end(session_id)
         while len(sessions) > self.session_capacity:
             sessions.popitem(last=False)
             self.evicted_sessions += 1
+        active = self._active
+        old = active.pop(session_id, None)
+        if old is not None:
+            self._working_set[old[0]] -= old[1]
+        active[session_id] = (worker, tokens, now)
+        self._working_set[worker] += tokens
+        self._expire_active(now)
+
+    def _expire_active(self, now: float) -> None:
+        active = self._active
+        cutoff = now - self.working_set_window_s
+        while active:
+            sid, (w, tokens, ts) = next(iter(active.items()))
+            if ts >= cutoff and len(active) <= self.session_capacity:
+                break
+            del active[sid]
+            self._working_set[w] -= tokens
+
+    def working_set(self, worker: int, now: float) -> int:
+        """Prompt tokens of the sessions homed on the worker that were active within
+        `working_set_window_s`: the prefix cache those sessions will come back for."""
+        self._expire_active(now)
+        return self._working_set[worker]
 
     def session_home(self, session_id: str | None, now: float) -> int | None:
         if session_id is None:
@@ -423,14 +487,16 @@ class SequenceState:
             added_at=now,
             decode_worker=decode_worker,
             block_hashes=block_hashes if decode_worker is not None else (),
+            block_size=block_size,
         )
         self.index.add(request_id, worker)
         self.active.add(entry)
         # projection (read model) strictly after the authoritative write
         self.registry.project_load(worker, self.active.load(worker))
-        self.registry.touch(worker, block_hashes, now)
+        self.registry.touch(worker, block_hashes, now, block_size=block_size)
+        self.registry.note_arrival(worker, now)
         if session_id is not None:
-            self.registry.bind_session(session_id, worker, now)
+            self.registry.bind_session(session_id, worker, now, prompt_tokens)
         return entry
 
     def mark_prefill_completed(
@@ -456,7 +522,7 @@ class SequenceState:
         self.registry.project_load(worker, self.active.load(worker))
         self.registry.project_load(target, self.active.load(target))
         if now is not None:  # the KV now lives on the decode worker too
-            self.registry.touch(target, entry.block_hashes, now)
+            self.registry.touch(target, entry.block_hashes, now, block_size=entry.block_size)
         return entry
 
     def free(self, request_id: str, *, reason: str | None = None) -> SequenceEntry | None:

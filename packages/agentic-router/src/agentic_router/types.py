@@ -43,6 +43,7 @@ class RealStateRules:
     big_prefill_threshold: int = 32768
     stall_hold_s: float = 30.0
     step_stall_s: float = 5.0
+    prefill_tokens_per_s: float = 20_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,9 @@ class RouterConfig:
     )
     stall_hold_s: float = setting(
         30.0,
-        "a feed gone stale right after a big-prefill snapshot reads as stalled for this long",
+        "a feed gone stale right after a big-prefill snapshot reads as stalled while that "
+        "prefill is predicted to still run (its tokens at prefill_tokens_per_s), at most this "
+        "long",
         check=positive,
     )
     step_stall_s: float = setting(
@@ -92,9 +95,64 @@ class RouterConfig:
         "requests reads as stalled",
         check=positive,
     )
+    # the predicted-TTFT cost (agentic_router.cost); defaults: Qwen3-30B-A3B BF16, one H200
+    prefill_tokens_per_s: float = setting(
+        20_000.0,
+        "an engine's prefill rate in uncached prompt tokens per second",
+        why="Qwen3-30B-A3B on one H200, vLLM: 24k tok/s measured at 32k-token prompts (FP8), "
+        "21.7k modelled in BF16; long agentic contexts run slower",
+        check=positive,
+    )
+    decode_step_s: float = setting(
+        0.012,
+        "fixed time a scheduler step spends on its decodes (weights read once per step)",
+        why="61 GB of BF16 weights, most experts touched at batch 32+, at 3.8 TB/s effective "
+        "HBM3e bandwidth, plus 2.5 ms step overhead",
+        check=non_negative,
+    )
+    decode_s_per_token: float = setting(
+        2.6e-8,
+        "time per step per token of decode context (its KV is read every step)",
+        why="96 KiB of KV per token (BF16) at 3.8 TB/s",
+        check=non_negative,
+    )
+    prefill_step_tokens: int = setting(
+        8192,
+        "tokens an engine prefills per scheduler step (vLLM max_num_batched_tokens)",
+        why="vLLM v1's default for online serving on a large GPU",
+        check=positive,
+    )
+    imposed_delay_weight: float = setting(
+        1.0,
+        "min_ttft: weight of the waiting a placement's own prefill adds to the requests "
+        "expected to arrive on the worker meanwhile (0: this request's TTFT alone)",
+        check=non_negative,
+    )
+    eviction_cost_weight: float = setting(
+        1.0,
+        "min_ttft: weight of the re-prefill a placement causes by evicting prefixes the "
+        "worker's other sessions come back for",
+        check=non_negative,
+    )
+    working_set_window_s: float = setting(
+        120.0,
+        "a session idle longer than this no longer counts in its worker's working set",
+        why="agentic tool calls take seconds (think time ~6 s in the bundled trace); a "
+        "session silent for two minutes is most likely done",
+        check=positive,
+    )
     # policies
     overload_factor: float = setting(
-        1.3, "unified: leave home above this x max(mean load, 1)", check=positive
+        1.3,
+        "unified: leave home only when its predicted TTFT is above this x the best other "
+        "worker's (and min_ttft_gain_s more)",
+        check=positive,
+    )
+    min_ttft_gain_s: float = setting(
+        1.0,
+        "unified: leave home only when another worker's predicted TTFT is at least this many "
+        "seconds lower (a move re-prefills and splits the session's cache)",
+        check=non_negative,
     )
     min_cache_hit: float = setting(
         0.3, "unified: leave home below this cached fraction of the prompt", check=fraction()
@@ -111,8 +169,12 @@ class RouterConfig:
         "blocks when no token ids are available",
         check=positive,
     )
-    registry_capacity_blocks: int = setting(
-        8192, "prefix blocks remembered per worker (LRU beyond)", check=positive
+    registry_capacity_tokens: int = setting(
+        650_000,
+        "prefix-cache capacity per worker the router's prefix registry models, in tokens "
+        "(LRU beyond); an engine that reports its KV size on the feed replaces it",
+        why="the KV of Qwen3-30B-A3B (BF16) on one H200 at vLLM's default memory share",
+        check=positive,
     )
     registry_ttl_s: float = setting(
         600.0, "a prefix block not touched for this long is forgotten", check=positive
@@ -165,4 +227,5 @@ class RouterConfig:
             big_prefill_threshold=self.big_prefill_threshold,
             stall_hold_s=self.stall_hold_s,
             step_stall_s=self.step_stall_s,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
         )

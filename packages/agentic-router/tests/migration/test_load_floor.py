@@ -1,5 +1,7 @@
-"""The load floor K * deficit / mean spreads new sessions over under-loaded D while
-established (sticky) sessions keep their home."""
+"""New sessions spread over the D workers although one holds the boilerplate every
+session shares (the predicted TTFT charges the work piling up there; the load
+floor K * deficit / mean adds to it), while established (sticky) sessions keep
+their home."""
 
 from __future__ import annotations
 
@@ -32,9 +34,12 @@ def new_sessions(k: float, n: int = 12) -> Counter[int]:
     return placed
 
 
-def test_without_the_floor_the_boilerplate_starves_a_d() -> None:
+def test_without_the_floor_the_work_ahead_still_spreads_sessions() -> None:
+    # Ranking by uncached tokens x load once starved a D here: the boilerplate's
+    # D always looked cheapest. The predicted TTFT counts the prefill work that
+    # piles up on it, so the other D win their share.
     placed = new_sessions(0.0)
-    assert min(placed[d] for d in range(3)) == 0
+    assert all(placed[d] >= 3 for d in range(3)), placed
 
 
 def test_with_the_floor_every_d_gets_sessions() -> None:

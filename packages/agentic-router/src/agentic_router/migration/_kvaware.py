@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agentic_router.builtin import MigrationTargetScorer
+from agentic_router.cost import TtftModel
 from agentic_router.migration.admission import DIRECT, VIA_PREFILL, AdmissionOutcome
 from agentic_router.migration.settings import MigrationSettings
 
@@ -111,7 +112,9 @@ class KvAwareScorer:
 
     def __init__(self, settings: MigrationSettings, config: RouterConfig) -> None:
         self.settings = settings
-        self.target = MigrationTargetScorer(config.big_prefill_threshold, config.kv_wall_frac)
+        model = TtftModel.of(config)
+        self.target = MigrationTargetScorer(config.kv_wall_frac, model)
+        self.rate = model.prefill_tokens_per_s
         self.session_capacity = config.session_capacity
         self.session_ttl_s = config.session_ttl_s
         self.sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -210,13 +213,15 @@ class KvAwareScorer:
 
     def _place(self, ctx: ScoringContext, allowed: Iterable[int], *, floor: bool) -> int:
         """Index (into ctx.candidates) of the best D among `allowed` by the migration target
-        scorer (in prefill blocks x load), minus the load-floor bonus when `floor`."""
+        scorer (its predicted TTFT, in prefill blocks' worth of time), minus the load-floor
+        bonus when `floor`."""
         idx = list(allowed)
         if not idx:
             idx = list(range(len(ctx.candidates)))
         bs = max(1, ctx.request.block_size)
         base = self.target.score(ctx)
-        cost = {i: base[i] / bs for i in idx}
+        per_block = self.rate / bs
+        cost = {i: base[i] * per_block for i in idx}
         k = self.settings.load_floor_k
         if floor and k > 0 and len(ctx.candidates) > 1:
             loads = ctx.eff_num_requests

@@ -17,9 +17,11 @@ request's first token and its free).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from agentic_router.builtin import GatedSessionAffinity, is_big_prefill, is_kv_wall
+from agentic_router.cost import predicted_ttft
 from agentic_router.migration.settings import MigrationSettings
 
 if TYPE_CHECKING:
@@ -86,7 +88,8 @@ class UnifiedV3Selector:
             if i == h:
                 continue
             s = ctx.states[i]
-            if is_big_prefill(s, self.big_prefill) or is_kv_wall(s, self.kv_wall):
+            need = req.prompt_tokens + (req.max_tokens or 0)  # the moved decode's KV
+            if is_big_prefill(s, self.big_prefill) or is_kv_wall(s, self.kv_wall, need):
                 continue
             load = self._decodes(ctx, i)
             eff = load + st.v3_penalty_per_migration * penalty[w]
@@ -151,17 +154,23 @@ class UnifiedV3Selector:
 
 
 class PrefillGatedAffinity(GatedSessionAffinity):
-    """unified's gated affinity, with the overload gate on prefill-phase requests only.
+    """unified's gated affinity, with the gate on prefill work only.
 
     Under Mechanism B a home busy with decodes sheds them (the decode moves), so
-    decodes must not push the prefill (and the session's cache) away as well."""
+    its decodes must not push the prefill (and the session's cache) away as
+    well: the gate compares predicted TTFTs without decode interference."""
 
     name = "session_affinity_prefill_gated"
     description = (
-        "-1 for the session's home unless its prefill-phase requests (effective requests - "
-        "effective decodes) exceed overload_factor x max(mean, 1), its cache hit is below "
-        "min_cache_hit, or it is mid-big-prefill/stalled"
+        "-1 for the session's home unless another worker's predicted TTFT without decode "
+        "interference (its re-prefill included) is overload_factor x and min_ttft_gain_s "
+        "below home's, or home's cache hit is below min_cache_hit"
     )
 
-    def gate_loads(self, ctx: ScoringContext) -> list[float]:
-        return [max(0, s.eff_num_requests - s.eff_num_decoding) for s in ctx.states]
+    def gate_costs(self, ctx: ScoringContext) -> list[float]:
+        got: list[float] | None = ctx.memo.get("predicted_prefill_ttft")
+        if got is None:
+            model = replace(self.model, decode_step_s=0.0, decode_s_per_token=0.0)
+            got = predicted_ttft(ctx.states, ctx.uncached_tokens, model, ctx.now)
+            ctx.memo["predicted_prefill_ttft"] = got
+        return got

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentic_router.builtin import AFFINITY_WEIGHT
+from agentic_router.cost import TtftModel
 from agentic_router.hookspecs import hookimpl
 from agentic_router.migration._kvaware import KvAwareScorer
 from agentic_router.migration._mechb import PrefillGatedAffinity, UnifiedV3Selector
@@ -31,7 +32,10 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
     return [
         KvAwareScorer(settings_from(config.extra), config),
         PrefillGatedAffinity(
-            config.overload_factor, config.min_cache_hit, config.big_prefill_threshold
+            config.overload_factor,
+            config.min_cache_hit,
+            config.min_ttft_gain_s,
+            TtftModel.of(config),
         ),
     ]
 
@@ -51,6 +55,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "sessions not yet sticky (knobs: --migration-rule ...)",
             ((KV_AWARE, AFFINITY_WEIGHT), ("migration_target", 1.0)),
             tie_break=("uncached_tokens", "eff_num_requests"),
+            scope="decode",
         ),
         PolicySpec(
             UNIFIED_V3,

@@ -1,0 +1,141 @@
+"""Predicted time to first token: what a request would wait for on each worker.
+
+For one request on one worker, from fresh real state (the router's shadow
+when the feed is stale or off):
+
+    ttft = (work ahead + own uncached tokens) / prefill rate
+         + prefill steps x decode time per step            (decode interference)
+         + what is left of a stall the feed announced      (a stale snapshot)
+
+- *work ahead* is the uncached prefill work queued or running on the worker:
+  the effective pending prefill (`InstanceState.eff_pending_prefill`: the
+  engine's cache-aware backlog while fresh, at least the shadow's);
+- *own uncached tokens* are the request's prompt tokens not in that worker's
+  prefix cache (the router's prefix registry);
+- a chunked-prefill engine computes at most `step_tokens` tokens a step, and
+  every step also runs the worker's decodes: their time is the fixed cost of a
+  decode step plus a cost per token of decode context read;
+- a worker whose feed went stale right after a snapshot showing a big
+  prefill is charged that backlog's predicted remaining time (the backlog
+  over the prefill rate, less the time since the snapshot), and one whose
+  scheduler stopped stepping is charged the time it has been stuck. Neither
+  is excluded: the cache it holds can still make it the best choice.
+
+Pure: no state, no clock of its own. The constants are RouterConfig knobs
+(`prefill_tokens_per_s`, `decode_step_s`, `decode_s_per_token`,
+`prefill_step_tokens`); their defaults are Qwen3-30B-A3B on one H200 (see
+docs/policies.md for the sources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentic_router.instance import InstanceState
+from agentic_router.types import RouterConfig
+
+__all__ = [
+    "TtftModel",
+    "eviction_cost",
+    "imposed_delay",
+    "predicted_ttft",
+    "stuck_s",
+    "work_ahead",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TtftModel:
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    decode_s_per_token: float
+    step_tokens: int
+
+    @classmethod
+    def of(cls, config: RouterConfig) -> TtftModel:
+        return cls(
+            config.prefill_tokens_per_s,
+            config.decode_step_s,
+            config.decode_s_per_token,
+            config.prefill_step_tokens,
+        )
+
+    def decode_time_per_step(self, state: InstanceState) -> float:
+        if state.eff_num_decoding <= 0:
+            return 0.0
+        return self.decode_step_s + self.decode_s_per_token * state.eff_ongoing_decode
+
+
+def work_ahead(state: InstanceState, model: TtftModel, now: float) -> float:
+    """Uncached prefill tokens ahead of a new request on the worker. For a worker whose
+    feed went stale right after a big-prefill snapshot: what the snapshot showed, less
+    what the prefill rate has done since (at least the shadow's own backlog)."""
+    real = state.real
+    if real is not None and state.stalled and not state.fresh:
+        done = (now - real.ts) * model.prefill_tokens_per_s
+        return max(float(state.shadow.pending_prefill_tokens), real.pending_prefill_tokens - done)
+    return float(state.eff_pending_prefill)
+
+
+def stuck_s(state: InstanceState) -> float:
+    """How long a scheduler that stopped stepping (with a fresh snapshot) has been stuck."""
+    real = state.real
+    if real is None or not (state.stalled and state.fresh):
+        return 0.0
+    return max(0.0, real.ts - real.last_step_ts)
+
+
+def predicted_ttft(
+    states: Sequence[InstanceState],
+    uncached: Sequence[int],
+    model: TtftModel,
+    now: float,
+) -> list[float]:
+    """Predicted TTFT in seconds on each candidate (aligned lists)."""
+    rate = model.prefill_tokens_per_s
+    chunk = model.step_tokens
+    out = []
+    for s, u in zip(states, uncached, strict=True):
+        work = (work_ahead(s, model, now) if s.stalled else s.eff_pending_prefill) + u
+        steps = -(-work // chunk) if work > 0 else 1
+        t = work / rate + steps * model.decode_time_per_step(s)
+        if s.stalled:
+            t += stuck_s(s)
+        out.append(t)
+    return out
+
+
+def imposed_delay(
+    uncached: Sequence[int], arrival_rates: Sequence[float], model: TtftModel
+) -> list[float]:
+    """Seconds of waiting the request's own prefill adds to the requests expected to
+    arrive on each worker while it runs: its prefill time t = uncached / rate, times
+    the worker's arrival rate, times t / 2 (an arrival waits half of it on average).
+    Near zero on an idle cluster, it grows with load, so that under load the work a
+    placement creates (a cold re-prefill) is weighed, not only this request's TTFT."""
+    rate = model.prefill_tokens_per_s
+    out = []
+    for u, lam in zip(uncached, arrival_rates, strict=True):
+        t = u / rate
+        out.append(lam * t * t / 2.0)
+    return out
+
+
+def eviction_cost(
+    uncached: Sequence[int],
+    working_sets: Sequence[int],
+    capacities: Sequence[int],
+    model: TtftModel,
+) -> list[float]:
+    """Seconds of future re-prefill a placement causes by evicting other sessions'
+    cached prefixes: its uncached tokens must take KV cache space, and when the
+    sessions homed on the worker need more prefix cache than it has, that space held
+    a prefix someone comes back for with probability 1 - capacity / working set.
+    Zero while the worker's sessions fit in its cache."""
+    rate = model.prefill_tokens_per_s
+    out = []
+    for u, ws, cap in zip(uncached, working_sets, capacities, strict=True):
+        p = 1.0 - cap / ws if ws > cap else 0.0
+        out.append(p * u / rate)
+    return out
