@@ -138,3 +138,87 @@ def test_snapshot_is_json_with_shadow_and_real(
     assert snap["workers"][1]["effective"]["num_requests"] == 2
     assert snap["workers"][0]["fresh"] is False
     assert sum(w["shadow"]["num_requests"] for w in snap["workers"]) == 1
+
+
+def test_a_snapshot_is_compared_with_the_shadow_of_its_own_instant(
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    agentic_clock: ManualClock,
+) -> None:
+    router = make_router(1)
+    router.add_request(make_request(1000, request_id="a"), 0)
+    taken = agentic_clock()  # the engine runs "a" and one request of another client
+    agentic_clock.advance(0.1)
+    router.add_request(make_request(1000, request_id="b"), 0)  # after the snapshot
+    router.apply_engine_states(
+        {"engine_0": make_engine_state(0, ts=taken, num_running=2, pending_prefill_tokens=1500)}
+    )
+    s = router.instance_state(0)
+    assert s.shadow.num_requests == 2
+    assert s.eff_num_requests == 3  # a, b, and the foreign one: "b" is not counted twice
+    assert s.eff_pending_prefill == 2000 + 500  # the foreign request's backlog on top
+
+
+def test_the_router_s_own_requests_are_counted_by_the_router(
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+) -> None:
+    # the engine knows better what the router's own requests hold (a prefix the
+    # registry thought cached, generated tokens): drift, not load the router missed
+    router = make_router(1)
+    router.add_request(make_request(4000, request_id="a"), 0)
+    router.mark_prefill_completed("a")
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(
+                0,
+                num_running=1,
+                num_decoding=1,
+                ongoing_decode_tokens=4300,
+                pending_prefill_tokens=0,
+            )
+        }
+    )
+    s = router.instance_state(0)
+    assert (s.eff_num_requests, s.eff_ongoing_decode) == (1, 4000)
+
+
+def test_an_older_publisher_s_backlog_is_not_read(
+    make_router: MakeRouter, make_engine_state: MakeEngineState, agentic_clock: ManualClock
+) -> None:
+    router = make_router(1)
+    legacy = make_engine_state(
+        0,
+        num_waiting=3,
+        pending_prefill_tokens=90_000,
+        max_prefill_remaining=60_000,
+        running_prefill_tokens=None,
+        queued_prefill_tokens=None,
+    )
+    router.apply_engine_states({"engine_0": legacy})
+    s = router.instance_state(0)
+    assert s.eff_num_requests == 4  # its counts are fine
+    assert s.eff_pending_prefill == 0  # its backlog counted cached tokens as work
+    assert s.r_max_prefill_remaining is None
+    agentic_clock.advance(1.0)
+    assert not router.instance_state(0).stalled
+
+
+def test_a_stall_lasts_as_long_as_the_announced_prefill(
+    make_router: MakeRouter, make_engine_state: MakeEngineState, agentic_clock: ManualClock
+) -> None:
+    from agentic_router.cost import TtftModel, work_ahead
+
+    router = make_router(1, prefill_tokens_per_s=10_000.0, stall_hold_s=30.0)
+    model = TtftModel.of(router.config)
+    router.apply_engine_states({"engine_0": make_engine_state(0, max_prefill_remaining=50_000)})
+    agentic_clock.advance(1.0)
+    s = router.instance_state(0)
+    assert s.stalled
+    assert work_ahead(s, model, agentic_clock()) == 40_000  # 1 s of 5 done
+    agentic_clock.advance(3.0)
+    assert work_ahead(router.instance_state(0), model, agentic_clock()) == 10_000
+    agentic_clock.advance(1.5)  # 5.5 s: the prefill should be done
+    assert not router.instance_state(0).stalled

@@ -263,3 +263,38 @@ def test_decode_runs_are_exactly_step_by_step(spec: list[tuple[float, int, int, 
     for (f1, e1), (f2, e2) in zip(fast, slow, strict=True):
         assert f1 == pytest.approx(f2, rel=1e-9, abs=1e-9)
         assert e1 == pytest.approx(e2, rel=1e-9, abs=1e-9)
+
+
+def test_a_queued_request_counts_only_its_uncached_tail() -> None:
+    # the plugins' semantics (agentic_common schema): a 95 %-cached queued request
+    # is 5 % backlog, and it is no "big prefill"
+    engine = SimEngine("engine_0", EngineConfig())
+    prefix = hashes(7, 38)  # 19,456 tokens
+    drive(engine, [(0.0, request("warm", 38 * BS + 100, 1, prefix))])
+    engine.submit(request("busy", 30_000, 1))  # the next step's budget goes to it
+    engine.start_step(10.0)
+    queued = request("next", 40 * BS, 1, (*prefix, *hashes(8, 2)))
+    engine.submit(queued)
+    state = engine.snapshot(10.001)
+    assert state.is_cache_aware
+    assert state.queued_prefill_tokens == 40 * BS - 38 * BS  # the 5 % tail
+    assert state.running_prefill_tokens == 30_000  # the started prefill, whole
+    assert state.max_prefill_remaining == 30_000
+    assert state.block_size == BS
+
+
+def test_a_running_chunked_prefill_falls_step_by_step() -> None:
+    engine = SimEngine("engine_0", EngineConfig())
+    engine.submit(request("long", 40_000, 1))
+    seen = []
+    now = 0.0
+    while True:
+        end = engine.start_step(now)
+        if end is None:
+            break
+        seen.append(engine.snapshot(now).running_prefill_tokens)
+        now = end
+        engine.finish_step(now)
+    budget = EngineConfig().max_num_batched_tokens
+    assert seen[:5] == [40_000 - k * budget for k in range(5)]
+    assert engine.snapshot(now).running_prefill_tokens == 0

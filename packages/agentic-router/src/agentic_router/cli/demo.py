@@ -1,8 +1,9 @@
 """`agentic-router demo`: the project doing its job in one command, no GPU and
-no network. Replays the bundled agentic trace through several policies with
-the engine-state feed off and on, on four simulated engines, and prints the
-comparison, a few findings computed from it (not written in advance), and
-where the plots are.
+no network. Replays the bundled agentic trace through the routing policies,
+with the engine-state feed off and on, at 1 to 4 times its load, on eight
+simulated engines, and prints the sweep, findings computed from it (none
+written in advance: the best policy at each load, what the feed changed, the
+policy to use by default) and where the results and the plot are.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentic_router.cli.replay import DEFAULT_POLICIES, run_matrix_cli
+from agentic_router.cli.replay import run_matrix_cli
 from agentic_router.sim._config import DEFAULT_PUBLISHER_STALL_S
 
-DEMO_TOPOLOGY = "4"
+DEMO_TOPOLOGY = "8"
+DEMO_POLICIES = "load_only,lmetric,sticky,unified,min_ttft"
+DEMO_LOADS = "1,2,3,4"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,78 +27,110 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=None,
-        help="where to write results, logs and plots (default ./agentic-router-results/demo)",
+        help="where to write results and plots (default ./agentic-router-results/demo)",
     )
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="runs in parallel worker processes (default 2)"
+    )
 
 
 HEADER = (
-    "agentic-router demo: which routing policy serves an agentic workload best?",
+    "agentic-router demo: which routing policy serves an agentic workload best, and does the",
+    "engine-state feed help?",
     "  Simulated engines in virtual time: Qwen3-30B-A3B on H200s (vLLM v1 scheduling, chunked",
     "  prefill, prefix cache with LRU eviction, 650k KV tokens each); costs from published",
     "  measurements (see agentic_router/sim/_model.py). The router is the real one: the same",
     "  policies and engine-state handling as `agentic-router serve`, on a virtual clock.",
+    "  Load x2..x4 = 2..4 times as many concurrent sessions (copies with their own content).",
 )
+
+
+def _mean(s: Mapping[str, Any]) -> float:
+    m = s["ttft_s"]["mean"]
+    return float("inf") if m is None else float(m)
 
 
 def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
     """Plain statements derived from this run's numbers."""
-    by = {(s["policy"], s["engine_state"]): s for s in summaries}
     runs = [s for s in summaries if s["ttft_s"]["mean"] is not None]
     if not runs:
         return []
-    out = []
-    best = min(runs, key=lambda s: s["ttft_s"]["mean"])
-    out.append(
-        f"Lowest mean TTFT: {best['policy']} (feed {best['engine_state']}) at "
-        f"{best['ttft_s']['mean']:.3f} s, p90 {best['ttft_s']['p90']:.3f} s, "
-        f"prefix-cache hit {100 * (best['cache_hit_rate'] or 0):.1f} %."
-    )
-    for base in ("random", "load_only"):
-        b = by.get((base, best["engine_state"]))
-        if b is not None and b is not best and b["ttft_s"]["mean"]:
-            out.append(
-                f"  vs {base}: mean TTFT {b['ttft_s']['mean']:.3f} s "
-                f"({b['ttft_s']['mean'] / best['ttft_s']['mean']:.1f}x), "
-                f"hit {100 * (b['cache_hit_rate'] or 0):.1f} %, "
-                f"{b['prefill_tokens_computed'] / 1e6:.1f}M prefill tokens computed vs "
-                f"{best['prefill_tokens_computed'] / 1e6:.1f}M."
-            )
-    feed_lines = []
-    for policy in dict.fromkeys(s["policy"] for s in summaries):
-        off, on = by.get((policy, "off")), by.get((policy, "on"))
-        if off is None or on is None or not off["ttft_s"]["mean"]:
-            continue
-        delta = on["ttft_s"]["mean"] / off["ttft_s"]["mean"] - 1.0
-        p90 = on["ttft_s"]["p90"] / off["ttft_s"]["p90"] - 1.0 if off["ttft_s"]["p90"] else 0.0
-        feed_lines.append(f"{policy} {100 * delta:+.0f} % mean / {100 * p90:+.0f} % p90")
-    if feed_lines:
+    loads = sorted({float(s["speedup"]) for s in runs})
+    by = {(s["policy"], s["engine_state"], float(s["speedup"])): s for s in runs}
+    out = ["Best at each load (mean TTFT, lower is better):"]
+    for x in loads:
+        at = [s for s in runs if float(s["speedup"]) == x]
+        best = min(at, key=_mean)
+        line = (
+            f"  x{x:g}: {best['policy']} (feed {best['engine_state']}) "
+            f"{_mean(best):.3f} s, p90 {best['ttft_s']['p90']:.2f} s, "
+            f"prefix-cache hit {100 * (best['cache_hit_rate'] or 0):.1f} %"
+        )
+        base = by.get(("load_only", best["engine_state"], x))
+        if base is not None and base is not best:
+            line += f"; load_only {_mean(base):.2f} s ({_mean(base) / _mean(best):.1f}x)"
+        out.append(line)
+    out.append("Feed on vs off (mean TTFT change per load; negative = the feed helped):")
+    for policy in dict.fromkeys(s["policy"] for s in runs):
+        cells = []
+        for x in loads:
+            off, on = by.get((policy, "off", x)), by.get((policy, "on", x))
+            if off is None or on is None:
+                continue
+            cells.append(f"x{x:g} {100 * (_mean(on) / _mean(off) - 1):+.1f} %")
+        if cells:
+            out.append(f"  {policy}: " + ", ".join(cells))
+    choice = recommend(runs)
+    if choice is not None:
+        policy, worst = choice
         out.append(
-            "Feed on vs off (TTFT change; negative = the feed helped): "
-            + "; ".join(feed_lines)
-            + "."
+            f"Recommended default: {policy} with the feed on, within {100 * (worst - 1):.1f} % "
+            f"of the best policy's mean TTFT at every load here "
+            f"(`agentic-router serve --policy {policy} --engine-state-uri ...`)."
         )
     return out
 
 
+def recommend(summaries: Sequence[Mapping[str, Any]]) -> tuple[str, float] | None:
+    """The policy (feed on) whose mean TTFT is closest to the best at its worst load:
+    (policy, worst ratio to the best)."""
+    loads = sorted({float(s["speedup"]) for s in summaries})
+    best = {x: min(_mean(s) for s in summaries if float(s["speedup"]) == x) for x in loads}
+    worst: dict[str, float] = {}
+    for s in summaries:
+        if s["engine_state"] != "on":
+            continue
+        ratio = _mean(s) / best[float(s["speedup"])]
+        worst[s["policy"]] = max(worst.get(s["policy"], 0.0), ratio)
+    if not worst:
+        return None
+    policy = min(worst, key=lambda p: worst[p])
+    return policy, worst[policy]
+
+
 def run(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(
-        policies=DEFAULT_POLICIES,
+        policies=DEMO_POLICIES,
         topology=DEMO_TOPOLOGY,
         engine_state="both",
         seed=0,
-        speedup=1.0,
+        speedup=DEMO_LOADS,
         limit=None,
+        infer_sessions=False,
+        min_session_tokens=2048,
+        jobs=args.jobs,
         out=args.out or Path("agentic-router-results") / "demo",
         no_plots=args.no_plots,
-        no_logs=False,
+        no_logs=True,
         kv_capacity_tokens=None,
         max_batched_tokens=None,
         publisher_stall_s=DEFAULT_PUBLISHER_STALL_S,
         decode_policy=None,
         json=False,
         quiet=args.quiet,
+        summary_only=True,
     )
     code, payload = run_matrix_cli(ns, "agentic", "demo", header=HEADER)
     if code == 0:
@@ -103,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         if lines:
             sys.stdout.write("\n" + "\n".join(lines) + "\n")
         sys.stdout.write(
-            "\nNext: `agentic-router replay --trace YOUR.jsonl --topology 8` for your own trace,\n"
+            "\nNext: `agentic-router replay --trace YOUR.jsonl --speedup 1,2,3,4` for your own\n"
+            "trace (the full table; --infer-sessions for traces without session ids),\n"
             "`agentic-router bench --url http://ROUTER --trace agentic` against real engines.\n"
         )
     return code

@@ -21,6 +21,7 @@ from agentic_router.sim._load import infer_sessions
 from agentic_router.sim._model import EngineConfig
 from agentic_router.sim._report import (
     TABLE_NOTES,
+    format_sweep_table,
     format_table,
     plots_available,
     write_json,
@@ -352,8 +353,12 @@ def _present(
     plots: Sequence[Path],
     args: argparse.Namespace,
 ) -> None:
-    out.write("\n" + format_table(summaries, load=mp.plan.sweeping) + "\n\n")
-    out.write(_wrap(TABLE_NOTES) + "\n\n")
+    if getattr(args, "summary_only", False) and mp.plan.sweeping:
+        out.write("\nmean / p90 TTFT in seconds (* = lowest mean at that load)\n")
+        out.write(format_sweep_table(summaries) + "\n\n")
+    else:
+        out.write("\n" + format_table(summaries, load=mp.plan.sweeping) + "\n\n")
+        out.write(_wrap(TABLE_NOTES) + "\n\n")
     out.write(f"results: {mp.out_dir / 'results.json'} (per-request records: requests-*.jsonl)\n")
     if not args.no_logs:
         out.write(

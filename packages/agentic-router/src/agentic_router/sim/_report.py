@@ -490,3 +490,38 @@ def write_sweep_plot(out_dir: Path, summaries: Sequence[Mapping[str, Any]]) -> l
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def format_sweep_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """A load sweep at a glance: one row per (policy, feed), one column per load, each
+    cell mean / p90 TTFT in seconds; the lowest mean of each load is starred."""
+    loads = sorted({float(s["speedup"]) for s in summaries})
+    rows = list(dict.fromkeys((s["policy"], s["engine_state"]) for s in summaries))
+    by = {(s["policy"], s["engine_state"], float(s["speedup"])): s for s in summaries}
+    best: dict[float, float] = {}
+    for x in loads:
+        means = [s["ttft_s"]["mean"] for s in summaries if float(s["speedup"]) == x]
+        best[x] = min((m for m in means if m is not None), default=math.inf)
+    head = ["policy", "feed", *(f"load x{x:g}" for x in loads)]
+    body = []
+    for policy, feed in rows:
+        cells = [policy, feed]
+        for x in loads:
+            s = by.get((policy, feed, x))
+            t = None if s is None else s["ttft_s"]
+            if t is None or t["mean"] is None:
+                cells.append("-")
+                continue
+            star = "*" if t["mean"] == best[x] else " "
+            cells.append(f"{t['mean']:.3f}{star}/{t['p90']:.2f}")
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in [head, *body]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
