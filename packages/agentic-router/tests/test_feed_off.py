@@ -1,4 +1,4 @@
-"""Feed off => every policy decides exactly as the shadow-only router (DESIGN §3)."""
+"""Feed off => every policy decides exactly as the shadow-only router (docs/design.md §3)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def test_unified_new_sessions_spread(make_router: MakeRouter, make_request: Make
     assert sorted(picks) == [0, 1, 2, 3]
 
 
-# -- the migration target scorer (DESIGN §5), through the unified policy -------------------
+# -- the migration target scorer (docs/design.md §5), through the unified policy -------------------
 
 
 def _moving_session(router: Router, make_request: MakeRequest, home_load: int = 4) -> int:

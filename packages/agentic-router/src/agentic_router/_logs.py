@@ -1,4 +1,4 @@
-"""The structured JSONL logs (DESIGN §7): the one writer, and the record shapes.
+"""The structured JSONL logs (docs/design.md §7): the one writer, and the record shapes.
 
 Four files in a directory, one JSON object per line:
 

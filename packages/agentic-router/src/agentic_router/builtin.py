@@ -44,14 +44,17 @@ BUILTIN_POLICIES: Final = (
 
 
 def is_big_prefill(state: InstanceState, threshold: int) -> bool:
-    """Stalled right after a big prefill, or running a big prefill (fresh) that the
-    router did not place: work its own load does not count. A big prefill the router
-    placed is in its load already; excluding its worker for it as well made the feed
-    shift load onto the rest under load (measured in the simulator)."""
-    if state.stalled:
+    """Busy with at least `threshold` tokens of prefill the router did not place (a
+    fresh snapshot's started prefill, or the one a stale snapshot announced while it
+    is predicted to run), or a scheduler that stopped stepping. A big prefill the
+    router placed is in its load already; excluding its worker for it as well made
+    the feed shift load onto the rest (measured in the simulator)."""
+    if state.stalled and state.fresh:
         return True
-    r = state.r_max_prefill_remaining
     unknown = state.eff_pending_prefill - state.shadow.pending_prefill_tokens
+    if state.stalled:
+        return unknown >= threshold
+    r = state.r_max_prefill_remaining
     return r is not None and r >= threshold and unknown >= threshold
 
 

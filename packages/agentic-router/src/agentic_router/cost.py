@@ -69,12 +69,13 @@ class TtftModel:
 
 def work_ahead(state: InstanceState, model: TtftModel, now: float) -> float:
     """Uncached prefill tokens ahead of a new request on the worker. For a worker whose
-    feed went stale right after a big-prefill snapshot: what the snapshot showed, less
-    what the prefill rate has done since (at least the shadow's own backlog)."""
+    feed went stale right after a big-prefill snapshot: the router's own backlog, plus
+    what the snapshot showed beyond it less what the prefill rate has done since."""
     real = state.real
+    own = state.shadow.pending_prefill_tokens
     if real is not None and state.stalled and not state.fresh:
         done = (now - real.ts) * model.prefill_tokens_per_s
-        return max(float(state.shadow.pending_prefill_tokens), real.pending_prefill_tokens - done)
+        return own + max(0.0, state.eff_pending_prefill - own - done)
     return float(state.eff_pending_prefill)
 
 

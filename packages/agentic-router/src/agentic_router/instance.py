@@ -1,6 +1,6 @@
 """InstanceState: one worker's shadow load joined with its latest real EngineState.
 
-The effective-state rule (docs/state.md): while the real snapshot is fresh
+The effective-state rule (docs/design.md §3): while the real snapshot is fresh
 (age <= max_age), every load quantity reads the shadow now plus what the
 engine had *beyond the router's own reservations when the snapshot was
 taken* (`Unreserved`, never negative: requests of another router, a
@@ -18,7 +18,7 @@ stall predictor of an older publisher counted cached tokens as work, so for
 such a snapshot the effective backlog is the shadow's and
 `r_max_prefill_remaining` is None (its counts are still used).
 
-Stall rule (docs/state.md): the engine's publisher shares the engine's interpreter
+Stall rule (docs/design.md §3): the engine's publisher shares the engine's interpreter
 lock, so a big prefill can silence it exactly when it matters. A worker whose
 last snapshot showed a started prefill of `max_prefill_remaining >=
 big_prefill_threshold` tokens and whose feed then went stale reads as

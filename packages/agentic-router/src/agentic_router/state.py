@@ -1,6 +1,6 @@
 """Sequence state: who owns which request, and the load and prefixes that follow.
 
-A one-way write DAG (DESIGN §3):
+A one-way write DAG (docs/design.md §3):
 
     event (AddRequest / MarkPrefillCompleted / Free)
       -> write model, authoritative:  WorkerTable, RequestIndex, ActiveSequences

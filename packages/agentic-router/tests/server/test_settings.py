@@ -179,3 +179,30 @@ def test_a_star_allows_every_plugin_in_the_proxy_as_in_the_simulator() -> None:
     loaded = {name for name, _ in core.pm.list_name_plugin()}
     assert loaded == {name for name, _ in make_plugin_manager().list_name_plugin()}
     assert "example_cold_kv" in loaded  # the installed example plugin
+
+
+def test_the_settings_reference_in_the_docs_is_current() -> None:
+    from agentic_router.server._config import settings_reference
+
+    docs = (Path(__file__).parents[2] / "docs" / "serve.md").read_text()
+    start = docs.index("<!-- settings:")
+    body = docs[docs.index("\n", start) + 1 : docs.index("<!-- /settings -->")].strip()
+    assert body == settings_reference(), (
+        "docs/serve.md's settings table is stale: replace it with the output of "
+        "python -c 'from agentic_router.server._config import settings_reference as s; "
+        "print(s())'"
+    )
+
+
+def test_every_flag_the_docs_mention_exists() -> None:
+    import re
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    known = {a for action in parser._actions for a in action.option_strings}
+    known |= {"--" + o[len("--") :] for o in list(known)}
+    root = Path(__file__).parents[2]
+    for page in (root / "docs" / "serve.md", root / "README.md"):
+        for flag in re.findall(r"agentic-router serve[^\n`]*", page.read_text()):
+            for name in re.findall(r"(--[a-z][a-z0-9-]+)", flag):
+                assert name in known or name.startswith("--no-"), (page.name, name)

@@ -220,12 +220,23 @@ def test_demo_runs_and_prints_the_comparison(
 ) -> None:
     assert main(["demo", "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
-    for policy in ("random", "load_only", "lmetric", "sticky", "unified"):
+    for policy in ("load_only", "lmetric", "sticky", "unified", "min_ttft"):
         assert f"\n{policy} " in out
-    assert "Lowest mean TTFT" in out
+    for load in ("x1", "x2", "x3", "x4"):
+        assert f"  {load}: " in out  # the best policy at each load
+    assert "Feed on vs off" in out
+    assert "Recommended default: " in out
     payload = json.loads((tmp_path / "results.json").read_text())
-    assert len(payload["runs"]) == 10
+    assert len(payload["runs"]) == 5 * 2 * 4
+    assert {r["speedup"] for r in payload["runs"]} == {1.0, 2.0, 3.0, 4.0}
     assert all(r["completed"] == r["requests"] for r in payload["runs"])
+    # a load sweep must load the cluster: naive routing at x4 is far slower than at x1
+    naive = {
+        r["speedup"]: r["ttft_s"]["mean"]
+        for r in payload["runs"]
+        if (r["policy"], r["engine_state"]) == ("load_only", "off")
+    }
+    assert naive[4.0] > 2 * naive[1.0]
 
 
 def test_plots_are_written_when_matplotlib_is_installed(

@@ -1,5 +1,5 @@
 """`agentic-router analyze DIR`: read the structured JSONL logs that the live
-router and the simulator write (DESIGN §7; format in `agentic_router._logs`)
+router and the simulator write (docs/design.md §7; format in `agentic_router._logs`)
 and report what they say: D-switches and streaks per session, per-worker
 balance, and the admission mode x outcome x reason cross-table.
 

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     )
     code, payload = run_matrix_cli(ns, "agentic", "demo", header=HEADER)
     if code == 0:
-        lines = findings(payload["runs"])
+        lines = findings(payload.get("averaged", payload["runs"]))
         if lines:
             sys.stdout.write("\n" + "\n".join(lines) + "\n")
         sys.stdout.write(

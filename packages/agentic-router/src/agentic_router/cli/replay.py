@@ -29,7 +29,7 @@ from agentic_router.sim._report import (
     write_records,
     write_sweep_plot,
 )
-from agentic_router.sim._sweep import SweepPlan, SweepRun, run_sweep
+from agentic_router.sim._sweep import SweepPlan, SweepRun, average_seeds, run_sweep
 from agentic_router.sim._trace import Trace, TraceError, load_trace
 
 DEFAULT_POLICIES = "random,load_only,lmetric,sticky,unified"
@@ -65,6 +65,13 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8"
         "on = 20 Hz EngineState feed, both = run each (default)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="run every configuration once per seed (a comma list, e.g. 0,1,2,3) and report "
+        "figures averaged over them: under heavy load one replay's outcome swings with "
+        "small differences, so compare averages (records per seed in results.json)",
+    )
     parser.add_argument(
         "--speedup",
         default="1",
@@ -263,9 +270,10 @@ def run_matrix_cli(
         on_done=progress.done,
         progress=progress.update,
     )
-    summaries = [r.summary for r in runs]
-    for s in summaries:
+    per_run = [r.summary for r in runs]
+    for s in per_run:
         s["trace"] = ts["name"]
+    summaries = average_seeds(per_run)
     for r in runs:
         s = r.summary
         write_records(mp.out_dir / f"requests-{_file_label(s['label'])}.jsonl", r.records)
@@ -275,8 +283,11 @@ def run_matrix_cli(
         "topology": str(mp.topology),
         "engine": _engine_doc(mp.engine),
         "loads": list(plan.loads),
-        "runs": summaries,
+        "seeds": list(plan.run_seeds),
+        "runs": per_run,
     }
+    if len(plan.run_seeds) > 1:
+        payload["averaged"] = summaries
     write_json(mp.out_dir / "results.json", payload)
     plots: list[Path] = []
     if not args.no_plots:
@@ -320,7 +331,14 @@ def _plan(args: argparse.Namespace, trace_spec: str, command: str) -> MatrixPlan
         publisher_stall_s=args.publisher_stall_s if args.publisher_stall_s >= 0 else None,
         router_options=router_options,
     )
+    seeds: tuple[int, ...] = ()
+    if getattr(args, "seeds", None):
+        try:
+            seeds = tuple(int(x) for x in str(args.seeds).split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"--seeds must be integers, got {args.seeds!r}") from None
     plan = SweepPlan(
+        seeds=seeds,
         policies=tuple(policies),
         feeds=tuple(feeds_for(args.engine_state)),
         loads=loads,
@@ -336,7 +354,7 @@ def _file_label(label: str) -> str:
 
 
 def _plots(mp: MatrixPlan, runs: Sequence[SweepRun]) -> list[Path]:
-    summaries = [r.summary for r in runs]
+    summaries = average_seeds([r.summary for r in runs])
     if mp.plan.sweeping:
         return write_sweep_plot(mp.out_dir, summaries)
     ttfts = {

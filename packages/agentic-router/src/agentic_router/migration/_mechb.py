@@ -52,13 +52,13 @@ class UnifiedV3Selector:
         self._minute: deque[float] = deque()
 
     def _decodes(self, ctx: ScoringContext, i: int) -> float:
+        """The worker's decodes: the shadow's, corrected for the moves this selector made
+        (the core keeps a moved request on its prefill worker), plus decodes a fresh
+        snapshot shows beyond the router's own."""
         st = ctx.states[i]
         w = ctx.candidates[i]
-        shadow = st.shadow.num_decoding + self._moved_in[w] - self._moved_out[w]
-        real = st.real
-        if real is not None and (st.fresh or st.stalled):
-            return float(max(shadow, real.num_decoding))
-        return float(max(0, shadow))
+        own = st.shadow.num_decoding + self._moved_in[w] - self._moved_out[w]
+        return float(max(0, own) + st.eff_num_decoding - st.shadow.num_decoding)
 
     def select(self, ctx: ScoringContext, prefill_worker: int) -> int | None:
         st = self.settings

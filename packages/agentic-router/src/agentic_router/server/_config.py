@@ -347,3 +347,16 @@ def router_config(config: ServerConfig, engine_ids: Sequence[str]) -> RouterConf
         return RouterConfig(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"router options: {exc}") from None
+
+
+def settings_reference() -> str:
+    """Every setting of `serve` as a markdown table (docs/serve.md embeds it between
+    `<!-- settings -->` markers; a test keeps the two equal)."""
+    rows = ["| flag | environment | YAML key | default | what |", "|---|---|---|---|---|"]
+    for key, d in _all_settings().items():
+        default = d.external(d.default)
+        if isinstance(default, list):
+            default = ",".join(str(x) for x in default) or "(none)"
+        what = d.help + (f" ({d.why})" if d.why else "")
+        rows.append(f"| `{d.flag}` | `{d.env}` | `{key}` | {default} | {what} |")
+    return "\n".join(rows)

@@ -115,9 +115,11 @@ class RouterDriver:
                 self.logs.decision(rr_d.request_id, req.session_id, d.to_log(), stage="decode")
         else:
             decision = self.prefill.decide(rr)
-            self.prefill.add_request(rr, decision.worker)
             if decision.decode_worker is not None and decision.decode_worker != decision.worker:
                 decode = decision.decode_worker  # Mechanism B: decode moves, KV follows
+            # as the proxy does: one reservation the core moves to the decode worker
+            # when the prefill is done
+            self.prefill.add_request(rr, decision.worker, decode_worker=decode)
         worker = decision.worker
         mode = PD if decode is not None else AGGREGATED
         if self.logs is not None:

@@ -21,7 +21,7 @@ acts on it (`PDSimulation`):
    engine and a KV transfer as in the base simulation;
 3. via-prefill turns are reported admitted (D queues KV pulls itself).
 
-What D checks, in this order (DESIGN §5's reasons):
+What D checks, in this order (docs/design.md §5's reasons):
 * session-not-resident: D's prefix cache does not hold the session's previous
   prompt (it never served the session, or evicted it);
 * real-large-append: the prompt's uncached part on D exceeds `max_append`;

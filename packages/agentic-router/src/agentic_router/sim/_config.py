@@ -14,7 +14,7 @@ from typing import Any, Final
 from agentic_router.sim._model import EngineConfig
 from agentic_router.sim._request import SimRequest
 
-#: DESIGN §1/§4 (the project's own observation, no published figure): a very large
+#: docs/design.md §1/§4 (the project's own observation, no published figure): a very large
 #: prefill holds the engine's Python thread, so the state publisher cannot run. We
 #: take "very large" as a step whose prefill part lasts 1 s or more, i.e. a chunk
 #: of 8192 tokens attending over about 60k tokens of context on the default profile.
@@ -74,14 +74,14 @@ class SimConfig:
     topology: Topology = field(default_factory=lambda: Topology.parse("8"))
     engine: EngineConfig = field(default_factory=EngineConfig)
     seed: int = 0
-    #: router poll rate of the feed (DESIGN §3: ~20 Hz).
+    #: router poll rate of the feed (docs/design.md §3: ~20 Hz).
     feed_hz: float = 20.0
     #: snapshots older than this are dropped (agentic_common Freshness default).
     max_age_s: float = 0.5
-    #: feed-off reconcile period (one production router scrapes every 30 s; DESIGN §1).
+    #: feed-off reconcile period (one production router scrapes every 30 s; docs/design.md §1).
     reconcile_period_s: float = 30.0
     #: a step whose prefill part is at least this long blocks the publisher
-    #: (it shares the engine's interpreter lock; DESIGN §4). None disables it.
+    #: (it shares the engine's interpreter lock; docs/design.md §4). None disables it.
     publisher_stall_s: float | None = DEFAULT_PUBLISHER_STALL_S
     #: how often per-engine load is sampled for the load-over-time plot.
     sample_period_s: float = 1.0

@@ -103,7 +103,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     block_size: int = MOONCAKE_BLOCK_SIZE
-    #: engine-state publish period (DESIGN §4: AGENTIC_ENGINE_STATE_PERIOD_MS default 50).
+    #: engine-state publish period (docs/design.md §4: AGENTIC_ENGINE_STATE_PERIOD_MS default 50).
     publish_period_s: float = 0.05
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ settings, and what a run records. It drives the same `Router`, policies and
   drops stale ones exactly as `agentic_common` readers do (age > `max_age_s`),
   and hands the rest to `Router.apply_engine_states`. A step whose prefill part
   is long holds the engine's interpreter lock, so its publisher cannot run
-  until the step ends (DESIGN §4): the feed goes stale right when a big
+  until the step ends (docs/design.md §4): the feed goes stale right when a big
   prefill is running, and the router must read that as "stalled".
 * feed off: the router sees only its own shadow, reconciled every
   `reconcile_period_s` (30 s) from what a `/metrics` scrape would show

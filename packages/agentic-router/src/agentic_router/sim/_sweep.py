@@ -30,13 +30,24 @@ class SweepPlan:
     base: SimConfig  # policy, engine_state, speedup and log_dir are set per run
     log_root: Path | None = None  # per-run JSONL logs under here (None: no logs)
     jobs: int = 1
+    seeds: tuple[int, ...] = ()  # () = the base config's seed only
 
     @property
     def sweeping(self) -> bool:
         return len(self.loads) > 1 or self.loads != (1.0,)
 
-    def runs(self) -> list[tuple[str, bool, float]]:
-        return [(p, f, x) for x in self.loads for p in self.policies for f in self.feeds]
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        return self.seeds or (self.base.seed,)
+
+    def runs(self) -> list[tuple[str, bool, float, int]]:
+        return [
+            (p, f, x, seed)
+            for x in self.loads
+            for p in self.policies
+            for f in self.feeds
+            for seed in self.run_seeds
+        ]
 
 
 @dataclass(slots=True)
@@ -68,8 +79,10 @@ def run_sweep(
 ) -> list[SweepRun]:
     """Every run of `plan`, in plan order. `on_start`/`on_done` see each run's label
     (and summary); `progress` (requests done, total) only when running in-process."""
-    points = {x: at_load(trace, x, seed=plan.base.seed) for x in plan.loads}
-    tasks = [_task(plan, points[x], p, f) for p, f, x in plan.runs()]
+    points = {
+        (x, seed): at_load(trace, x, seed=seed) for x in plan.loads for seed in plan.run_seeds
+    }
+    tasks = [_task(plan, points[(x, seed)], p, f, seed) for p, f, x, seed in plan.runs()]
     if plan.jobs <= 1 or len(tasks) <= 1:
         out = []
         for task in tasks:
@@ -98,17 +111,26 @@ def run_sweep(
 Task = tuple[Trace, SimConfig, str, LoadPoint]
 
 
-def _task(plan: SweepPlan, point: LoadPoint, policy: str, feed: bool) -> Task:
+def _task(plan: SweepPlan, point: LoadPoint, policy: str, feed: bool, seed: int) -> Task:
+    several = len(plan.run_seeds) > 1
     log_dir = None
     if plan.log_root is not None:
-        log_dir = plan.log_root / log_dir_name(policy, feed, point.factor, plan.sweeping)
+        name = log_dir_name(policy, feed, point.factor, plan.sweeping)
+        log_dir = plan.log_root / (f"{name}-seed{seed}" if several else name)
         if log_dir.exists():
             for old in log_dir.glob("*.jsonl"):
                 old.unlink()
     cfg = replace(
-        plan.base, policy=policy, engine_state=feed, speedup=point.speedup, log_dir=log_dir
+        plan.base,
+        policy=policy,
+        engine_state=feed,
+        speedup=point.speedup,
+        log_dir=log_dir,
+        seed=seed,
     )
     label = run_label(policy, feed, point.factor if plan.sweeping else None)
+    if several:
+        label += f"#{seed}"
     return point.trace, cfg, label, point
 
 
@@ -136,3 +158,36 @@ def by_load(runs: Sequence[SweepRun]) -> dict[float, list[dict[str, Any]]]:
     for r in runs:
         out.setdefault(float(r.summary["speedup"]), []).append(r.summary)
     return out
+
+
+#: summary figures averaged over seeds (each a run's own mean, p50, ... of TTFT)
+_AVERAGED = ("ttft_s", "e2e_s")
+
+
+def average_seeds(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary per (policy, feed, load): the runs' figures averaged over seeds
+    (TTFT and end-to-end statistics, cache hit rate, throughput); `seeds` lists them.
+    Summaries of a single seed come back as they are."""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for s in summaries:
+        key = (s["policy"], s["engine_state"], float(s.get("speedup", 1.0)))
+        groups.setdefault(key, []).append(s)
+    out = []
+    for runs in groups.values():
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+        avg = dict(runs[0])
+        avg["label"] = runs[0]["label"].split("#", 1)[0]
+        avg["seeds"] = [r["seed"] for r in runs]
+        for field in _AVERAGED:
+            avg[field] = {stat: _mean([r[field][stat] for r in runs]) for stat in runs[0][field]}
+        for field in ("cache_hit_rate", "throughput_rps", "output_tokens_per_s"):
+            avg[field] = _mean([r[field] for r in runs])
+        out.append(avg)
+    return out
+
+
+def _mean(values: Sequence[Any]) -> Any:
+    nums = [v for v in values if isinstance(v, int | float)]
+    return sum(nums) / len(nums) if nums and len(nums) == len(values) else None
