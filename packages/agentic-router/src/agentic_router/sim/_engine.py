@@ -42,6 +42,30 @@ from agentic_router.sim._publish import Publishing
 from agentic_router.sim._request import SimRequest, StepOutcome
 
 
+class _StepPlan:
+    """What one step computes: the requests and their tokens, and its cost parts."""
+
+    __slots__ = ("batch", "budget", "ctx", "has_prefill", "prefill_s", "scheduled")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: list[tuple[SimRequest, int]] = []
+        self.prefill_s = 0.0
+        self.has_prefill = False
+        self.batch = 0
+        self.ctx = 0
+
+    def add(self, req: SimRequest, n: int, cost: CostModel) -> None:
+        self.scheduled.append((req, n))
+        self.budget -= n
+        if n == 1 and req.num_computed > 0:  # a decode token
+            self.batch += 1
+            self.ctx += req.num_computed + 1
+        else:
+            self.has_prefill = True
+            self.prefill_s += cost.prefill_chunk_s(n, req.num_computed)
+
+
 class SimEngine(Publishing):
     """A single engine instance in virtual time."""
 
@@ -213,6 +237,32 @@ class SimEngine(Publishing):
         self.preemptions += 1
         self.waiting.appendleft(victim)
 
+    def _admit_head(self, budget: int) -> int | None:
+        """Admit the head of the waiting queue (its cached prefix shared, blocks for its
+        first chunk allocated) and return the tokens it computes this step; None when
+        its blocks do not fit (the queue waits: no skipping, as in vLLM)."""
+        req = self.waiting[0]
+        hit = self._prefix_hit_blocks(req)
+        hit_tokens = hit * self.block_size
+        n = min(req.prompt_tokens + req.generated - hit_tokens, budget)
+        need = blocks_for(hit_tokens + n, self.block_size) - hit
+        already_evictable = sum(1 for h in req.block_hashes[:hit] if self.cached[h] == 0)
+        unused = self.total_blocks - self.private_blocks - len(self.cached)
+        if need > unused + len(self.evictable) - already_evictable:
+            return None
+        self.waiting.popleft()
+        self._take_shared(req, hit)
+        req.num_computed = hit_tokens
+        if req.cached_tokens < 0:
+            req.cached_tokens = hit_tokens
+            self.prompt_tokens_seen += req.prompt_tokens
+            self.cached_tokens_seen += hit_tokens
+        if not self._allocate(need):  # cannot happen: checked above
+            raise RuntimeError("KV accounting error")
+        req.private_blocks += need
+        self.running.append(req)
+        return n
+
     def start_step(self, now: float) -> float | None:
         """Schedule one step at `now`; return when it ends, or None if there is no work.
 
@@ -228,19 +278,14 @@ class SimEngine(Publishing):
             end = self._start_decode_run(now)
             if end is not None:
                 return end
-        budget = self.budget
-        scheduled: list[tuple[SimRequest, int]] = []
-        prefill_s = 0.0
-        has_prefill = False
-        batch = 0
-        ctx = 0
+        plan = _StepPlan(self.budget)
         cost = self.cost
         running = self.running
         preempted_any = False
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and plan.budget > 0:
             req = running[i]
-            n = min(req.prompt_tokens + req.generated - req.num_computed, budget)
+            n = min(req.prompt_tokens + req.generated - req.num_computed, plan.budget)
             ok = self._grow(req, req.num_computed + n)
             while not ok:
                 victim = running.pop()
@@ -251,46 +296,16 @@ class SimEngine(Publishing):
                 ok = self._grow(req, req.num_computed + n)
             if not ok:
                 continue  # req itself was preempted; running[i] is now the next one
-            scheduled.append((req, n))
-            budget -= n
-            if n == 1 and req.num_computed > 0:
-                batch += 1
-                ctx += req.num_computed + 1
-            else:
-                has_prefill = True
-                prefill_s += cost.prefill_chunk_s(n, req.num_computed)
+            plan.add(req, n, cost)
             i += 1
         if not preempted_any:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_seqs:
-                req = waiting[0]
-                hit = self._prefix_hit_blocks(req)
-                hit_tokens = hit * self.block_size
-                n = min(req.prompt_tokens + req.generated - hit_tokens, budget)
-                need = blocks_for(hit_tokens + n, self.block_size) - hit
-                already_evictable = sum(1 for h in req.block_hashes[:hit] if self.cached[h] == 0)
-                unused = self.total_blocks - self.private_blocks - len(self.cached)
-                if need > unused + len(self.evictable) - already_evictable:
+            while self.waiting and plan.budget > 0 and len(running) < self.max_seqs:
+                admitted = self._admit_head(plan.budget)
+                if admitted is None:
                     break
-                waiting.popleft()
-                self._take_shared(req, hit)
-                req.num_computed = hit_tokens
-                if req.cached_tokens < 0:
-                    req.cached_tokens = hit_tokens
-                    self.prompt_tokens_seen += req.prompt_tokens
-                    self.cached_tokens_seen += hit_tokens
-                if not self._allocate(need):  # cannot happen: checked above
-                    raise RuntimeError("KV accounting error")
-                req.private_blocks += need
-                running.append(req)
-                scheduled.append((req, n))
-                budget -= n
-                if n == 1 and req.num_computed > 0:
-                    batch += 1
-                    ctx += req.num_computed + 1
-                else:
-                    has_prefill = True
-                    prefill_s += cost.prefill_chunk_s(n, req.num_computed)
+                plan.add(running[-1], admitted, cost)
+        scheduled = plan.scheduled
+        prefill_s, has_prefill, batch, ctx = plan.prefill_s, plan.has_prefill, plan.batch, plan.ctx
         if not scheduled:
             return None
         duration = cost.step_s(prefill_s, has_prefill, cost.decode_s(batch, ctx))
