@@ -186,20 +186,29 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                     state: dict[str, Any] = await resp.json()
                     return state["router"]["both"]["workers"][0]  # type: ignore[no-any-return]
 
-            # Long enough (seconds of decoding on CPU) that a loaded machine's
-            # scheduling gaps cannot hide the running request from every poll.
+            # Seconds of decoding on CPU. A loaded machine can starve the engine's
+            # publisher for a whole request, so a request that ended unseen is
+            # sent again (at most three times): the claim is that the feed shows a
+            # running request, not that it shows every one.
             body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1500,
                     "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-            resp = await s.post(r.url + "/v1/completions", json=body)
-            assert resp.status == 200
-            await resp.content.readuntil(b"\n\n")
             seen: dict[str, Any] | None = None
-            for _ in range(1500):  # the feed runs at 20 ms; give it up to ~30 s
-                w = await worker_state()
-                if w["real"] is not None and w["real"]["num_running"] == 1:
-                    seen = w
+            for _attempt in range(3):
+                resp = await s.post(r.url + "/v1/completions", json=body)
+                assert resp.status == 200
+                await resp.content.readuntil(b"\n\n")
+                for _ in range(1500):  # the feed runs at 20 ms; up to ~30 s a request
+                    w = await worker_state()
+                    if w["real"] is not None and w["real"]["num_running"] == 1:
+                        seen = w
+                        break
+                    if r.active_requests() == 0:  # the request is over: unseen
+                        break
+                    await asyncio.sleep(0.02)
+                if seen is not None:
                     break
-                await asyncio.sleep(0.02)
+                await resp.read()
+                resp.release()
             assert seen is not None, "the engine's snapshot never showed the running request"
             real = seen["real"]
             assert real["engine_id"] == "engine_0"
