@@ -85,7 +85,7 @@ _OPTIONAL_INT_FIELDS: Final = ("running_prefill_tokens", "queued_prefill_tokens"
 
 @dataclass(frozen=True, slots=True)
 class EngineState:
-    """Real scheduler state of one engine at one instant (DESIGN §4).
+    """Real scheduler state of one engine at one instant (docs/design.md §4).
 
     `ongoing_decode_tokens` is the sum, over requests past their prefill, of
     their context length: the KV a decode step reads. The router's shadow

@@ -1,4 +1,4 @@
-"""Open a writer or reader from a transport URI (DESIGN §4).
+"""Open a writer or reader from a transport URI (docs/design.md §4).
 
 `file:///dev/shm/agentic_engine_state` is the default; `redis://` and
 `rediss://` need the `redis` extra. The environment variable

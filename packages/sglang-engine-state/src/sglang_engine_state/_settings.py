@@ -132,7 +132,7 @@ class Settings:
 
 
 def engine_id_for(worker_id: str | None, dp_rank: int, dp_size: int) -> str:
-    """The id a scheduler publishes under (DESIGN §4; the vLLM plugin's rules).
+    """The id a scheduler publishes under (docs/design.md §4; the vLLM plugin's rules).
 
     ``dp_rank`` is SGLang's data-parallel rank of this scheduler (0 without data
     parallelism); ``dp_size`` how many data-parallel engines the server runs,

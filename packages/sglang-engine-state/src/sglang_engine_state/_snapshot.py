@@ -1,4 +1,4 @@
-"""compute_snapshot: one SGLang scheduler's state as an EngineState (DESIGN §4).
+"""compute_snapshot: one SGLang scheduler's state as an EngineState (docs/design.md §4).
 
 Owns the arithmetic only. It reads the scheduler through the Protocols in
 ``_protocols`` and never writes to it, never takes a lock, and never calls a

@@ -1,6 +1,6 @@
 """How much of a queued request vLLM's prefix cache would serve: a read-only lookup.
 
-Owns the credit a queued request gets in `queued_prefill_tokens` (DESIGN §4):
+Owns the credit a queued request gets in `queued_prefill_tokens` (docs/design.md §4):
 the tokens of the longest prefix of its block hashes present in the engine's
 prefix cache, as vLLM itself will find it at admission
 (`KVCacheManager.get_computed_blocks` -> `FullAttentionManager.find_longest_cache_hit`).

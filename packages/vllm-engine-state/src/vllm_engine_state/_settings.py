@@ -119,7 +119,7 @@ class Settings:
 
 
 def engine_id_for(worker_id: str | None, dp_index: int, dp_local_size: int) -> str:
-    """The id an EngineCore publishes under (DESIGN §4).
+    """The id an EngineCore publishes under (docs/design.md §4).
 
     `dp_index` is vLLM's data-parallel index of this engine (not
     `data_parallel_rank`, which vLLM resets to 0 in every engine of a dense
