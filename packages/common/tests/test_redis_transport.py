@@ -13,7 +13,14 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentic_common import DropReason, EngineState, open_async_reader, open_reader, open_writer
+from agentic_common import (
+    DropReason,
+    EngineState,
+    open_async_reader,
+    open_reader,
+    open_writer,
+    redact_uri,
+)
 from agentic_common._redis import DEFAULT_PREFIX, RedisTarget
 from agentic_common.testing import RedisServer, make_state
 
@@ -217,3 +224,36 @@ def test_async_reader_kill_and_recover(redis_server: RedisServer, redis_uri: str
         await reader.close()
 
     asyncio.run(scenario())
+
+
+# "Pw" marks the secret so that it can never be a piece of the URI's other parts.
+_secret = (
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=4)
+    .filter(
+        lambda s: not set(s) & set("@/:?#[]%*&=+;")  # a query value with these is percent-encoded
+    )
+    .map(lambda s: f"Pw{s}")
+)
+
+
+@given(
+    secret=_secret,
+    user=st.sampled_from(["", "app"]),
+    scheme=st.sampled_from(["redis", "rediss", "http"]),
+)
+def test_a_uri_is_shown_without_its_password(secret: str, user: str, scheme: str) -> None:
+    """Every way a password can sit in a URI (userinfo, a credential query parameter,
+    a bad option that makes the URI fail to parse) is masked where the URI is shown."""
+    uri = f"{scheme}://{user}:{secret}@store.internal:6379/2?prefix=a&password={secret}"
+    shown = redact_uri(uri)
+    assert secret not in shown
+    assert shown.startswith(f"{scheme}://{user}:***@store.internal:6379/2?")
+    assert "prefix=a" in shown
+    with pytest.raises(ValueError, match="must be integers") as err:
+        open_reader(f"redis://:{secret}@127.0.0.1:1/0?ttl_ms=soon")
+    assert secret not in str(err.value)
+
+
+def test_a_uri_without_credentials_is_shown_as_given() -> None:
+    for uri in ("redis://127.0.0.1:6379/0?prefix=x", "file:///dev/shm/state", "http://h1:8000"):
+        assert redact_uri(uri) == uri

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentic_common import redact_uri
+
 __all__ = [
     "ENV_PREFIX",
     "Declared",
@@ -317,8 +319,21 @@ def redacted(obj: Any) -> dict[str, Any]:
         meta = f.metadata.get(_META)
         if meta is not None and meta.secret and value is not None:
             value = "***"
-        out[f.name] = list(value) if isinstance(value, tuple) else value
+        elif isinstance(value, str):
+            value = _shown(value)
+        elif isinstance(value, tuple):
+            value = [_shown(v) if isinstance(v, str) else v for v in value]
+        out[f.name] = value
     return out
+
+
+def _shown(value: str) -> str:
+    """A string setting as it may be shown: a URI's credentials masked (an engine
+    URL, `id=URL`, or a store URI with a password in it)."""
+    name, eq, rest = value.partition("=")
+    if eq and "://" in rest and "://" not in name:
+        return f"{name}={redact_uri(rest)}"
+    return redact_uri(value) if "://" in value else value
 
 
 # ---- the command line ----

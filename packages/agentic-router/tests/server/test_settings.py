@@ -158,6 +158,32 @@ def test_a_bad_routing_knob_is_a_clear_error_at_start(
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("engine", "state_uri", "needle"),
+    [
+        ("http://127.0.0.1:46751x", None, "engine URL must be http(s)://host:port"),
+        ("http://127.0.0.1:99999", None, "engine URL must be http(s)://host:port"),
+        ("http://h1:8000 http://h2:8000", None, "engine URL must be http(s)://host:port"),
+        ("http://u:pw-1@h1:8000x", None, "'http://u:***@h1:8000x'"),
+        (ENGINE, "redis://:pw-1@h:6379/0?ttl_ms=soon", "--engine-state-uri: ttl_ms"),
+        (ENGINE, "redis:///0", "--engine-state-uri: redis URI needs a host"),
+        (ENGINE, "file://relative/dir", "--engine-state-uri: file URI must be local"),
+        (ENGINE, "s3://bucket", "--engine-state-uri: unsupported engine-state URI"),
+    ],
+)
+def test_an_unusable_url_is_refused_at_start_without_its_password(
+    engine: str, state_uri: str | None, needle: str
+) -> None:
+    """Found at start, not as a 500 on every request (or a traceback at startup)."""
+    argv = ["--engine", engine]
+    if state_uri is not None:
+        argv += ["--engine-state-uri", state_uri]
+    with pytest.raises(ConfigError) as info:
+        load_config(_parse(argv), env={})
+    assert needle in str(info.value)
+    assert "pw-1" not in str(info.value)
+
+
 def test_the_text_estimate_uses_chars_per_token() -> None:
     from agentic_router.request import build_routing_request
 

@@ -17,10 +17,12 @@ from agentic_common._transport import (
 from agentic_common._uri import (
     DEFAULT_URI,
     URI_ENV,
+    check_uri,
     default_uri,
     open_async_reader,
     open_reader,
     open_writer,
+    redact_uri,
 )
 
 __all__ = [
@@ -34,9 +36,11 @@ __all__ = [
     "InvalidStateError",
     "StateReader",
     "StateWriter",
+    "check_uri",
     "default_uri",
     "kv_used_frac",
     "open_async_reader",
     "open_reader",
     "open_writer",
+    "redact_uri",
 ]

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agentic_common._schema import ENGINE_ID_PATTERN
 from agentic_common._transport import AsyncStateReader, Freshness, StateReader, StateWriter
+from agentic_common._uri import redact_uri
 
 DEFAULT_PREFIX = "{agentic}:engine_state"
 DEFAULT_TTL_MS = 5000
@@ -85,9 +86,9 @@ class RedisTarget:
     def parse(cls, uri: str) -> RedisTarget:
         parts = urlsplit(uri)
         if parts.scheme not in ("redis", "rediss"):
-            raise ValueError(f"not a redis URI: {uri!r}")
+            raise ValueError(f"not a redis URI: {redact_uri(uri)!r}")
         if not parts.hostname:
-            raise ValueError(f"redis URI needs a host: {uri!r}")
+            raise ValueError(f"redis URI needs a host: {redact_uri(uri)!r}")
         ours: dict[str, str] = {}
         theirs: list[tuple[str, str]] = []
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -100,19 +101,16 @@ class RedisTarget:
             ttl_ms = int(ours.get("ttl_ms", DEFAULT_TTL_MS))
             timeout_s = int(ours.get("timeout_ms", DEFAULT_TIMEOUT_MS)) / 1000
         except ValueError:
-            raise ValueError(f"ttl_ms and timeout_ms must be integers: {uri!r}") from None
+            shown = redact_uri(uri)
+            raise ValueError(f"ttl_ms and timeout_ms must be integers: {shown!r}") from None
         if ttl_ms <= 0 or timeout_s <= 0:
-            raise ValueError(f"ttl_ms and timeout_ms must be positive: {uri!r}")
+            raise ValueError(f"ttl_ms and timeout_ms must be positive: {redact_uri(uri)!r}")
         prefix = ours.get("prefix", DEFAULT_PREFIX)
         return cls(url=url, prefix=prefix, ttl_ms=ttl_ms, timeout_s=timeout_s)
 
     @property
     def redacted(self) -> str:
-        parts = urlsplit(self.url)
-        if parts.password is None:
-            return self.url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
+        return redact_uri(self.url)
 
     def state_key(self, engine_id: str) -> str:
         if not ENGINE_ID_PATTERN.match(engine_id):

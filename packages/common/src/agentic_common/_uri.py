@@ -8,8 +8,9 @@ AGENTIC_ENGINE_STATE_URI names the URI on engines and routers alike.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from agentic_common._transport import AsyncStateReader, Freshness, StateReader, StateWriter
 
@@ -21,22 +22,64 @@ def default_uri() -> str:
     return os.environ.get(URI_ENV) or DEFAULT_URI
 
 
+# Query parameters that carry credentials (redis-py reads `password`; others are
+# masked too because a URI is the usual place to put a token by mistake).
+_SECRET_PARAM = re.compile(r"pass|token|secret|key|auth", re.IGNORECASE)
+
+
+def redact_uri(uri: str) -> str:
+    """`uri` fit to print: its password (the userinfo's, or a credential query
+    parameter) becomes `***`; userinfo without a password is masked whole.
+
+    Everything that shows a URI (logs, error messages, /state) goes through
+    here, so a store's password never leaves the process that was given it."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_PARAM.search(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in pairs])
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
 def _file_path(uri: str) -> Path | None:
     parts = urlsplit(uri)
     if parts.scheme != "file":
         return None
     if parts.netloc not in ("", "localhost"):
-        raise ValueError(f"file URI must be local (file:///path): {uri!r}")
+        raise ValueError(f"file URI must be local (file:///path): {redact_uri(uri)!r}")
     path = unquote(parts.path)
     if not path.startswith("/"):
-        raise ValueError(f"file URI needs an absolute path: {uri!r}")
+        raise ValueError(f"file URI needs an absolute path: {redact_uri(uri)!r}")
     return Path(path)
 
 
 def _scheme_error(uri: str) -> ValueError:
     return ValueError(
-        f"unsupported engine-state URI {uri!r}: use file:///dir, redis:// or rediss://"
+        f"unsupported engine-state URI {redact_uri(uri)!r}: use file:///dir, redis:// or rediss://"
     )
+
+
+def check_uri(uri: str) -> None:
+    """Raise ValueError, with a message fit to print, unless `uri` names a transport
+    this package can open (its options included). No I/O: a store that is down is
+    the readers' business, a typo is the caller's, at start-up."""
+    if _file_path(uri) is not None:
+        return
+    if uri.startswith(("redis://", "rediss://")):
+        from agentic_common._redis import RedisTarget
+
+        RedisTarget.parse(uri)
+        return
+    raise _scheme_error(uri)
 
 
 def open_writer(uri: str | None = None) -> StateWriter:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from agentic_common import redact_uri
 from agentic_router.server._config import ConfigError, load_config
 from agentic_router.server._config import add_arguments as _add_settings
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         config.port,
         len(config.worker_specs()),
         config.policy,
-        config.engine_state_uri or "off",
+        redact_uri(config.engine_state_uri) if config.engine_state_uri else "off",
     )
     loop = _new_loop(config.event_loop)
     if loop is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yarl
 from aiohttp import web
 
+from agentic_common import redact_uri
 from agentic_router.server._config import EngineSpec, ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import CLOSED, Breaker
@@ -62,7 +63,7 @@ class Endpoint:
         return {
             "slot": self.slot,
             "engine_id": self.spec.engine_id,
-            "url": self.spec.url,
+            "url": redact_uri(self.spec.url),
             "role": self.role,
             "requests": self.requests,
             "last_health_ok": self.last_health_ok,

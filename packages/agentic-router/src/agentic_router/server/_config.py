@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from agentic_common import check_uri, redact_uri
 from agentic_router import settings as _settings
 from agentic_router.migration.settings import MigrationSettings
 from agentic_router.settings import (
@@ -183,9 +184,12 @@ class ServerConfig:
                 "no engines: give --engine URL (aggregated) or both --prefill and --decode (P/D)"
             )
         for spec in (*self.engine_specs(), *self.prefill_specs(), *self.decode_specs()):
-            parts = urlsplit(spec.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ConfigError(f"engine URL must be http(s)://host:port, got {spec.url!r}")
+            _check_engine_url(spec.url)
+        if self.engine_state_uri is not None:
+            try:
+                check_uri(self.engine_state_uri)
+            except ValueError as exc:
+                raise ConfigError(f"--engine-state-uri: {exc}") from None
         ids = [s.engine_id for s in self.worker_specs()]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"engine ids must be unique, got {ids}")
@@ -217,6 +221,17 @@ class ServerConfig:
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-able data, with secrets hidden (for /state and logs)."""
         return _settings.redacted(self)
+
+
+def _check_engine_url(url: str) -> None:
+    """An engine URL every request can use: http(s), a host, a valid port if any."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0..65535
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise ConfigError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}")
 
 
 def _specs(entries: Sequence[str], prefix: str) -> list[EngineSpec]:
