@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentic_common import plugin_settings
+from sglang_engine_state import _switch
 from sglang_engine_state._settings import Settings, SettingsError, engine_id_for
 from sglang_engine_state._switch import wanted
 
@@ -55,3 +57,13 @@ def test_engine_ids_follow_the_vllm_plugin_rules(
     worker_id: str | None, dp_rank: int, dp_size: int, expected: str
 ) -> None:
     assert engine_id_for(worker_id, dp_rank, dp_size) == expected
+
+
+def test_the_switch_reads_what_the_settings_read() -> None:
+    """``_switch`` may not import agentic_common (the ``.pth`` hook runs at every
+    interpreter start), so it repeats the names and words; they must not drift."""
+    assert plugin_settings.URI.name == _switch.ENV_URI
+    assert plugin_settings.ENABLED.name == _switch.ENV_ENABLED
+    assert plugin_settings.TRUE_WORDS == _switch.TRUE_WORDS
+    assert plugin_settings.FALSE_WORDS == _switch.FALSE_WORDS
+    assert plugin_settings.ENABLED.default == "1"  # what wanted() assumes when it is unset
