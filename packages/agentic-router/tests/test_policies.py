@@ -215,6 +215,30 @@ def test_a_full_kv_cache_with_room_for_the_request_is_no_wall(
     assert d.worker == a
 
 
+def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    """Between two snapshots, the one worker the snapshot showed with room must not take
+    every request: its free KV shrinks by what the router placed there since."""
+    router = make_router(2, "load_only", kv_wall_frac=0.9)
+    # 97 % used: 300 blocks (4800 tokens) free on 0; 1 is full (160 tokens free)
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(0, gpu_kv_used_frac=0.97),
+            "engine_1": make_engine_state(1, gpu_kv_used_frac=0.999),
+        }
+    )
+    picks = []
+    for i in range(3):  # each needs 2000 prompt + 100 output tokens of KV
+        req = make_request(2000, max_tokens=100, request_id=f"r{i}")
+        d = router.decide(req)
+        router.add_request(req, d.worker)
+        picks.append(d.worker)
+    # 4800 -> 2800 -> 800 tokens free on 0: the third one no longer fits there, both
+    # are walls, and the least-loaded worker takes it
+    assert picks == [0, 0, 1]
+
+
 def test_target_falls_back_without_feed(
     make_router: MakeRouter,
     make_request: MakeRequest,

@@ -65,14 +65,23 @@ DEFAULT_OUTPUT_TOKENS: Final = 256
 def is_kv_wall(state: InstanceState, wall: float, need_tokens: int = 0) -> bool:
     """The worker's KV cache is at its wall (fresh snapshot): at least `wall` used, and
     too little free to hold the `need_tokens` a request would add (with no need
-    given, any worker past the wall)."""
+    given, any worker past the wall). Free KV is the snapshot's less what the router
+    placed on the worker since (`InstanceState.kv_free_tokens`): read as of the
+    snapshot alone, the one worker with room took every request until the next
+    snapshot, and the feed made even `load_only` worse under load (simulator)."""
     f = state.r_kv_used_frac
-    if f is None or f < wall:
+    if f is None:
         return False
+    free = state.kv_free_tokens
     real = state.real
-    if need_tokens <= 0 or real is None or real.block_size is None:
+    if free is not None and real is not None and real.gpu_blocks_total > 0:
+        capacity = real.gpu_blocks_total * (real.block_size or 1)
+        f = max(f, 1.0 - free / capacity)
+    if f < wall:
+        return False
+    if need_tokens <= 0 or free is None:
         return True
-    return real.gpu_blocks_free * real.block_size < need_tokens
+    return free < need_tokens
 
 
 def kv_need(ctx: ScoringContext) -> list[int]:

@@ -51,6 +51,9 @@ class Unreserved:
     pending_prefill: int = 0
     decode_tokens: int = 0
     decoding: int = 0
+    #: the router's own ongoing tokens (pending prefill + decode context) at the
+    #: snapshot's instant: what it placed since is the shadow's growth beyond this
+    shadow_tokens: int = 0
 
     @classmethod
     def between(cls, real: EngineState, shadow: WorkerLoad) -> Unreserved:
@@ -68,7 +71,8 @@ class Unreserved:
             pending = max(0, real.pending_prefill_tokens - shadow.pending_prefill_tokens)
         if decoding:
             decode_tokens = max(0, real.ongoing_decode_tokens - shadow.ongoing_decode_tokens)
-        return cls(requests, pending, decode_tokens, decoding)
+        own = shadow.pending_prefill_tokens + shadow.ongoing_decode_tokens
+        return cls(requests, pending, decode_tokens, decoding, own)
 
 
 NONE_UNRESERVED = Unreserved()
@@ -87,6 +91,7 @@ class InstanceState:
         "eff_ongoing_tokens",
         "eff_pending_prefill",
         "fresh",
+        "kv_free_tokens",
         "r_kv_used_frac",
         "r_max_prefill_remaining",
         "r_num_prefilling",
@@ -114,6 +119,9 @@ class InstanceState:
     r_max_prefill_remaining: int | None
     r_kv_used_frac: float | None
     r_num_prefilling: int | None
+    # free KV tokens now: the snapshot's, less what the router placed there since
+    # (None unless fresh from a publisher that says its block size)
+    kv_free_tokens: int | None
 
     def __init__(
         self,
@@ -152,10 +160,17 @@ class InstanceState:
             self.r_max_prefill_remaining = real.max_prefill_remaining if cache_aware else None
             self.r_kv_used_frac = real.gpu_kv_used_frac
             self.r_num_prefilling = real.num_prefilling
+            bs = real.block_size
+            if bs is None:
+                self.kv_free_tokens = None
+            else:
+                placed = max(0, s_ongoing - unreserved.shadow_tokens)
+                self.kv_free_tokens = real.gpu_blocks_free * bs - placed
         else:
             self.r_max_prefill_remaining = None
             self.r_kv_used_frac = None
             self.r_num_prefilling = None
+            self.kv_free_tokens = None
 
     def __repr__(self) -> str:
         return (
