@@ -202,6 +202,42 @@ def test_bad_requests_get_400_with_the_reason_and_413_when_too_large() -> None:
     run(main())
 
 
+def test_hostile_bodies_and_unknown_routes_get_openai_shaped_4xx(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inputs that used to escape as a text/plain 500 with a traceback: JSON nested
+    deeper than the parser's recursion limit, token ids that are not 64-bit, and
+    aiohttp's own answers (unknown path, wrong method)."""
+
+    async def main() -> None:
+        cfg = config(engines=["http://127.0.0.1:9"], max_body_bytes=4 << 20)
+        deep = b"[" * 100_000 + b"]" * 100_000
+        big_ids = b'{"prompt": [' + b",".join([str(2**64 + i).encode() for i in range(64)]) + b"]}"
+        async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+            cases: list[tuple[str, str, bytes, int, str]] = [
+                ("POST", "/v1/completions", deep, 400, "nested too deeply"),
+                ("POST", "/v1/completions", b'{"prompt": ' + deep + b"}", 400, "nested too deeply"),
+                ("POST", "/v1/completions", big_ids, 400, "token ids"),
+                ("POST", "/v1/completions", b'{"prompt": [[1, -5]]}', 400, "token ids"),
+                ("GET", "/v1/nowhere", b"", 404, "Not Found"),
+                ("GET", "/v1/completions", b"", 405, "Method Not Allowed"),
+            ]
+            for method, path, data, status, needle in cases:
+                async with s.request(method, r.url + path, data=data) as resp:
+                    assert resp.status == status, (path, data[:40], await resp.text())
+                    assert resp.content_type == "application/json"
+                    err = (await resp.json())["error"]
+                    assert needle in err["message"], err
+                    assert err["code"] == status
+            assert r.active_requests() == 0
+            async with s.get(r.url + "/health") as resp:
+                assert resp.status in (200, 503)  # the router still answers
+
+    with caplog.at_level("WARNING"):
+        run(main())
+    assert not [rec for rec in caplog.records if rec.exc_info], "a client error logged a traceback"
+
+
 def test_max_inflight_sheds_load_with_503() -> None:
     async def main() -> None:
         eng = FakeEngine(output_tokens=100)

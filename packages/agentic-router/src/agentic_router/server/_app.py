@@ -164,10 +164,27 @@ class Proxy:
 PROXY: Final = web.AppKey("proxy", Proxy)
 
 
+@web.middleware
+async def errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own error answers (unknown path, wrong method) in OpenAI's JSON shape,
+    like every error the handlers answer. An HTTPException is raised before any
+    response starts, so replacing it is safe; any other exception is left to
+    aiohttp, which may be mid-stream."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return json_error(exc.status, exc.reason, headers=headers or None)
+
+
 def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Application:
     """The whole router as an aiohttp Application (run it with web.run_app or a runner)."""
     proxy = Proxy(config, plugin_manager)
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[errors_as_json])
     app[PROXY] = proxy
     app.cleanup_ctx.append(proxy.lifecycle)
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]

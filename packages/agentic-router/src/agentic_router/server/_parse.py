@@ -48,6 +48,8 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
         raise BadRequest("request body is not UTF-8") from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     if kind == COMPLETIONS:
@@ -81,6 +83,15 @@ class _Missing:
 _MISSING: Final = _Missing()
 
 
+#: token ids are packed as signed 64-bit integers for prefix identity; no
+#: tokenizer's vocabulary comes near this
+MAX_TOKEN_ID: Final = 2**63 - 1
+
+
+def _is_token_id(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+
+
 def _check_prompt(prompt: object) -> None:
     if isinstance(prompt, _Missing):
         raise BadRequest("'prompt' is required", param="prompt")
@@ -89,18 +100,13 @@ def _check_prompt(prompt: object) -> None:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if all(_is_token_id(t) for t in prompt):
             return
-        if all(
-            isinstance(p, list)
-            and p
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-            for p in prompt
-        ):
+        if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
             return
     raise BadRequest(
-        "'prompt' must be a string, a non-empty list of strings, a list of token ids, "
-        "or a list of token-id lists",
+        "'prompt' must be a string, a non-empty list of strings, a list of token ids "
+        f"(integers 0 to {MAX_TOKEN_ID}), or a list of token-id lists",
         param="prompt",
     )
 
@@ -169,6 +175,7 @@ def error_body(status: int, message: str, *, param: str | None = None) -> dict[s
         401: "AuthenticationError",
         403: "PermissionDeniedError",
         404: "NotFoundError",
+        405: "MethodNotAllowedError",
         413: "RequestTooLargeError",
         499: "ClientClosedRequest",
         502: "BadGatewayError",
