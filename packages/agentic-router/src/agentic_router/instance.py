@@ -51,9 +51,9 @@ class Unreserved:
     pending_prefill: int = 0
     decode_tokens: int = 0
     decoding: int = 0
-    #: the router's own ongoing tokens (pending prefill + decode context) at the
-    #: snapshot's instant: what it placed since is the shadow's growth beyond this
-    shadow_tokens: int = 0
+    #: the router's `WorkerLoad.placed_tokens` at the snapshot's instant: the KV
+    #: it placed on the worker since the snapshot is the counter's growth beyond this
+    placed_then: int = 0
 
     @classmethod
     def between(cls, real: EngineState, shadow: WorkerLoad) -> Unreserved:
@@ -71,8 +71,7 @@ class Unreserved:
             pending = max(0, real.pending_prefill_tokens - shadow.pending_prefill_tokens)
         if decoding:
             decode_tokens = max(0, real.ongoing_decode_tokens - shadow.ongoing_decode_tokens)
-        own = shadow.pending_prefill_tokens + shadow.ongoing_decode_tokens
-        return cls(requests, pending, decode_tokens, decoding, own)
+        return cls(requests, pending, decode_tokens, decoding, shadow.placed_tokens)
 
 
 NONE_UNRESERVED = Unreserved()
@@ -164,7 +163,7 @@ class InstanceState:
             if bs is None:
                 self.kv_free_tokens = None
             else:
-                placed = max(0, s_ongoing - unreserved.shadow_tokens)
+                placed = max(0, shadow.placed_tokens - unreserved.placed_then)
                 self.kv_free_tokens = real.gpu_blocks_free * bs - placed
         else:
             self.r_max_prefill_remaining = None

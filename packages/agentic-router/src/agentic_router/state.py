@@ -106,6 +106,10 @@ class WorkerLoad:
     num_decoding: int = 0
     ongoing_decode_tokens: int = 0
     blocks: int = 0
+    #: KV tokens placed on the worker since the router started, never decremented:
+    #: the difference between two instants is the new KV the router sent there
+    #: between them (a prefill's uncached tokens; a moved decode's prompt)
+    placed_tokens: int = field(default=0, compare=False)
 
     def copy(self) -> WorkerLoad:
         return WorkerLoad(
@@ -115,6 +119,7 @@ class WorkerLoad:
             self.num_decoding,
             self.ongoing_decode_tokens,
             self.blocks,
+            self.placed_tokens,
         )
 
 
@@ -176,6 +181,7 @@ class ActiveSequences:
         load.pending_prefill_tokens += entry.prefill_tokens
         load.num_prefilling += 1
         load.blocks += entry.blocks
+        load.placed_tokens += entry.prefill_tokens
 
     def prefill_completed(self, entry: SequenceEntry) -> None:
         load = self._load[entry.worker]
@@ -202,6 +208,7 @@ class ActiveSequences:
         dst.num_decoding += 1
         dst.ongoing_decode_tokens += entry.prompt_tokens
         dst.blocks += entry.blocks
+        dst.placed_tokens += entry.prompt_tokens
 
     def remove(self, entry: SequenceEntry) -> None:
         del self._entries[entry.worker][entry.request_id]
