@@ -73,9 +73,10 @@ def test_a_queued_request_counts_only_its_uncached_tail(
     with StateWatcher(reader) as watcher:
         first.start()
         # Past its prefill, decoding: its prompt's blocks are in the prefix cache.
-        wait_for(lambda: _latest(watcher, "num_decoding") == 1)
+        # (Any snapshot so far, not only the latest: the watcher keeps them all.)
+        wait_for(lambda: _seen(watcher, "num_decoding", 1))
         second.start()
-        wait_for(lambda: _latest(watcher, "num_waiting") == 1)
+        wait_for(lambda: _seen(watcher, "num_waiting", 1))
         first.join()
         second.join()
         wait_for(lambda: _latest(watcher, "num_running") == _latest(watcher, "num_waiting") == 0)
@@ -102,3 +103,7 @@ def test_a_queued_request_counts_only_its_uncached_tail(
 
 def _latest(watcher: StateWatcher, field: str) -> int | None:
     return getattr(watcher.seen[-1], field) if watcher.seen else None
+
+
+def _seen(watcher: StateWatcher, field: str, value: int) -> bool:
+    return any(getattr(s, field) == value for s in list(watcher.seen))
