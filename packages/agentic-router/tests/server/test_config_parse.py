@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentic_router.cli import build_parser
+from agentic_router.request import build_routing_request
 from agentic_router.server import ConfigError, ServerConfig, load_config
 from agentic_router.server._config import add_arguments
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
@@ -119,24 +120,47 @@ def test_session_identity_order() -> None:
     assert session_id_of({"x-session-id": ""}, {"user": " "}, headers, fields) is None
 
 
+# Integers well past 64 bits: token ids a client may send, which prefix identity packs.
+_ints = st.integers(min_value=-(2**70), max_value=2**70)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none() | st.booleans() | _ints | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
     max_leaves=20,
 )
+_token_lists = st.lists(_ints, max_size=80)
+_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system"])},
+        optional={"content": st.one_of(st.text(), json_values)},
+    ),
+    max_size=3,
+)
 
 
+@settings(max_examples=300)
 @given(
-    body=st.dictionaries(
-        st.sampled_from(["prompt", "messages", "stream", "max_tokens", "model", "user"]),
-        json_values,
+    body=st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt": st.one_of(json_values, _token_lists, st.lists(_token_lists, max_size=3)),
+            "messages": st.one_of(json_values, _messages),
+            "prompt_token_ids": st.one_of(_token_lists, json_values),
+            "input_ids": st.one_of(_token_lists, json_values),
+            "stream": json_values,
+            "max_tokens": json_values,
+            "model": json_values,
+            "user": json_values,
+        },
     ),
     kind=st.sampled_from([COMPLETIONS, CHAT]),
 )
+@example(body={"prompt": [2**64] * 64}, kind=COMPLETIONS)  # a full block of ids past 64 bits
+@example(body={"prompt": "x", "prompt_token_ids": [2**64] * 64}, kind=COMPLETIONS)
 def test_parse_body_accepts_or_says_why(body: dict[str, Any], kind: str) -> None:
-    """Any JSON body either parses or raises BadRequest with a message; never anything else."""
+    """Any JSON body either parses into a request the router can route, or raises
+    BadRequest with a message; never anything else (which would be a 500)."""
     raw = json.dumps(body).encode()
     try:
         parsed = parse_body(raw, kind)
@@ -146,6 +170,16 @@ def test_parse_body_accepts_or_says_why(body: dict[str, Any], kind: str) -> None
         return
     assert parsed.body == body
     assert isinstance(parsed.stream, bool)
+    build_routing_request("r", parsed.body)  # prefix identity accepts what the parser did
+
+
+@given(depth=st.integers(min_value=1, max_value=50_000))
+def test_nesting_of_any_depth_is_parsed_or_refused(depth: int) -> None:
+    raw = b'{"prompt": "x", "extra": ' + b"[" * depth + b"]" * depth + b"}"
+    try:
+        parse_body(raw, COMPLETIONS)
+    except BadRequest as exc:
+        assert "nested too deeply" in exc.message
 
 
 @given(st.binary(max_size=64))

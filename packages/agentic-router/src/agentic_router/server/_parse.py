@@ -56,6 +56,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
         _check_prompt(body.get("prompt", _MISSING))
     else:
         _check_messages(body.get("messages", _MISSING))
+    _check_token_id_fields(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
@@ -109,6 +110,16 @@ def _check_prompt(prompt: object) -> None:
         f"(integers 0 to {MAX_TOKEN_ID}), or a list of token-id lists",
         param="prompt",
     )
+
+
+def _check_token_id_fields(body: dict[str, Any]) -> None:
+    """Token-id lists beside the prompt: the router hashes them for prefix identity."""
+    for key in ("prompt_token_ids", "input_ids"):
+        ids = body.get(key)
+        if isinstance(ids, list) and not all(_is_token_id(t) for t in ids):
+            raise BadRequest(
+                f"'{key}' must be a list of token ids (integers 0 to {MAX_TOKEN_ID})", param=key
+            )
 
 
 def _check_messages(messages: object) -> None:
