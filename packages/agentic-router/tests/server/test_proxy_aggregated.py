@@ -167,6 +167,9 @@ def test_every_engine_refusing_gives_a_clear_502() -> None:
                 err = (await resp.json())["error"]
                 assert "cannot connect" in err["message"]
                 assert err["code"] == 502
+                # the engine's id only: no internal address, no exception text
+                assert "127.0.0.1" not in err["message"]
+                assert "Error" not in err["message"]
             assert r.active_requests() == 0
 
     run(main())

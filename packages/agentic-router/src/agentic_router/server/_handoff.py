@@ -145,7 +145,7 @@ async def _read_prefill(
     except (aiohttp.ClientError, OSError) as exc:
         acct.record_failure(ep, "cut", repr(exc))
         raise SideFailure(
-            ep.slot, EngineFailure(502, f"prefill engine {ep.spec.engine_id} cut off: {exc!r}")
+            ep.slot, EngineFailure(502, f"prefill engine {ep.spec.engine_id} cut off")
         ) from None
     finally:
         upstream.release()

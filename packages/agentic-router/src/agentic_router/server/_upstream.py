@@ -203,14 +203,10 @@ class EngineClient:
             ) from None
         except aiohttp.ClientConnectorError as exc:
             self.acct.record_failure(ep, "connect", repr(exc))
-            raise EngineFailure(
-                502, f"cannot connect to engine {ep.spec.engine_id} at {ep.spec.url}: {exc}"
-            ) from None
+            raise EngineFailure(502, f"cannot connect to engine {ep.spec.engine_id}") from None
         except (aiohttp.ClientError, OSError) as exc:
             self.acct.record_failure(ep, "disconnect", repr(exc))
-            raise EngineFailure(
-                502, f"engine {ep.spec.engine_id} closed the connection: {exc!r}"
-            ) from None
+            raise EngineFailure(502, f"engine {ep.spec.engine_id} closed the connection") from None
 
     async def _relay_error(
         self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse
@@ -256,9 +252,7 @@ class EngineClient:
             raise EngineFailure(504, f"engine {ep.spec.engine_id} timed out") from None
         except (aiohttp.ClientError, OSError) as exc:
             acct.record_failure(ep, "cut", repr(exc))
-            raise EngineFailure(
-                502, f"engine {ep.spec.engine_id} cut the response short: {exc!r}"
-            ) from None
+            raise EngineFailure(502, f"engine {ep.spec.engine_id} cut the response short") from None
         ctx.first_token = time.monotonic()
         acct.core.mark_prefill_completed(rid)
         acct.record_success(ep)
@@ -289,7 +283,7 @@ class EngineClient:
                 except (aiohttp.ClientError, OSError) as exc:
                     acct.record_failure(ep, "cut", repr(exc))
                     raise EngineFailure(
-                        502, f"engine {ep.spec.engine_id} dropped the stream: {exc!r}"
+                        502, f"engine {ep.spec.engine_id} dropped the stream"
                     ) from None
                 if not first:
                     acct.record_failure(ep, "cut", "empty stream")
