@@ -199,7 +199,9 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                 await resp.content.readuntil(b"\n\n")
                 for _ in range(1500):  # the feed runs at 20 ms; up to ~30 s a request
                     w = await worker_state()
-                    if w["real"] is not None and w["real"]["num_running"] == 1:
+                    # /state shows the latest snapshot even when stale; the claim is
+                    # about one the router uses (fresh), so wait for that
+                    if w["real"] is not None and w["fresh"] and w["real"]["num_running"] == 1:
                         seen = w
                         break
                     if r.active_requests() == 0:  # the request is over: unseen
