@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from agentic_common.publishing import (
     PluginBinding,
     SnapshotPublisher,
 )
-from agentic_common.testing import make_state
+from agentic_common.testing import make_state, wait_for
 
 LOGGER = "agentic_common.tests.toy_engine"
 
@@ -48,13 +47,6 @@ class ToyPublisher(SnapshotPublisher):
     binding = PluginBinding(
         "toy-engine-state", "Toy", logging.getLogger(LOGGER), toy_snapshot, Memo
     )
-
-
-def wait_for(cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 def stored(uri: str) -> dict[str, EngineState]:

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,14 @@ def make_state(engine_id: str = "engine_0", **overrides: Any) -> EngineState:
         fields["running_prefill_tokens"] = running
         fields["queued_prefill_tokens"] = max(0, fields["pending_prefill_tokens"] - running)
     return EngineState(**fields)
+
+
+def wait_for(cond: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Poll `cond` every 2 ms until it is truthy; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 from fakes import ChunkCache, FakeScheduler
 
 from agentic_common import Freshness, open_reader, open_writer
+from agentic_common.testing import wait_for
 from sglang_engine_state._publisher import (
     MAX_CONSECUTIVE_FAILURES,
     Publisher,
@@ -18,13 +18,6 @@ from sglang_engine_state._publisher import (
 )
 
 pytestmark = pytest.mark.unit
-
-
-def wait_for(cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
 
 
 def read(uri: str) -> dict[str, Any]:
