@@ -1,43 +1,61 @@
 """Routing-decision cost and PromptRegistry memory; prints JSON.
 
-    python benchmarks/decisions.py                    # full run (a few minutes)
+    python benchmarks/decisions.py                    # full run (several minutes)
     python benchmarks/decisions.py --quick            # smaller, for a smoke check
 
-1. decisions: for 8, 64 and 256 workers, a Router (each policy in --policies)
-   holding 10 000 active sessions (each an in-flight request with a prefix of
-   a shared system prompt plus its own history), then timed `decide` calls for
-   next turns of random sessions (each followed, untimed, by add_request and
-   free of the previous turn, so the active set stays at 10 000). Reports
-   decisions/s and µs/decision (median, p99), with a fresh real-state snapshot
-   for every worker (the feed-on path; the feed-off path is cheaper).
-2. registry memory: 1 000 000 requests (route-free cycles on the write model,
-   no decide) from a rolling population of sessions, with the default bounds
+1. `decisions`: the whole decision path as the proxy runs it, per request: an
+   OpenAI chat body (already parsed) -> `build_routing_request` (prompt length
+   and prefix identity) -> `Router.decide` -> the decision record (`to_log()`
+   serialised as the JSONL writer serialises it). For 8, 64 and 256 workers,
+   each policy in --policies, 2 KB and 200 KB prompts: a Router holding
+   --sessions active sessions (each with a request in flight: a shared system
+   prompt plus its own history), then timed next turns of random sessions
+   (each followed, untimed, by add_request and the free of the previous turn,
+   so the active set stays constant), with a fresh real-state snapshot for
+   every worker every 10 decisions (the feed-on path). No `gc.freeze()`: the
+   collector runs as it does in a server. Reports µs per stage (median, p99)
+   and in total, and `parse_us` (json.loads of the same body, the proxy's
+   parse, not part of the decision) for scale.
+2. `prefix_identity`: `build_routing_request` alone on sessions whose prompt
+   grows turn by turn (each turn appends an assistant reply and a user message,
+   ~2% of the prompt): the first turn of a session (cold) and its next turn
+   (the new suffix is all that differs), 2 KB and 200 KB.
+3. `registry`: 1 000 000 requests (route-free cycles on the write model, no
+   decide) from a rolling population of sessions, with the default bounds
    (capacity per worker, LRU, TTL); the process RSS growth is sampled along the
    way to show it plateaus, and the registry's own size is measured at the end.
 
-All time is virtual (an injected clock), so TTLs behave as in a long run.
+All routing time is virtual (an injected clock), so TTLs behave as in a long run.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import platform
 import random
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agentic_common import EngineState
 from agentic_router import Router, RoutingRequest
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_ids, chain_payloads
+from agentic_router.request import build_routing_request
 from agentic_router.state import PromptRegistry, SequenceState, WorkerTable
+from agentic_router.types import RouterConfig
 
 BLOCK = 64  # tokens per block hash
-SYSTEM_BLOCKS = 32  # a 2k-token shared system prompt + tool schemas
+SYSTEM_BLOCKS = 32  # a 2k-token shared system prompt + tool schemas (registry part)
+
+_POOL_RNG = random.Random(20260101)
+# Random words to cut session text from: slicing is cheap, so 10 000 sessions of
+# 200 KB each are made on demand instead of held in memory.
+POOL = " ".join(f"w{_POOL_RNG.randrange(10**6)}" for _ in range(700_000))
 
 
 class Clock:
@@ -48,11 +66,30 @@ class Clock:
         return self.now
 
 
-def _chain(session: int, turn: int, rng: random.Random) -> tuple[tuple[int, ...], int]:
-    """A session's prompt at `turn`: shared system prefix + its history (block ids)."""
-    own = 8 + 6 * turn + rng.randrange(4)
-    ids = list(range(SYSTEM_BLOCKS)) + [1_000_000 + session * 10_000 + k for k in range(own)]
-    return block_hashes_from_ids(ids), (SYSTEM_BLOCKS + own) * BLOCK
+class Sessions:
+    """Multi-turn chat bodies: a shared system prompt, then each session's own
+    messages; turn t+1 is turn t's messages plus an assistant reply and a user
+    message (~2% of the prompt each turn)."""
+
+    def __init__(self, prompt_bytes: int) -> None:
+        self.prompt_bytes = prompt_bytes
+        self.system = POOL[: max(256, prompt_bytes // 4)]
+        self.step = max(40, prompt_bytes // 100)
+
+    def _text(self, session: int, k: int, n: int) -> str:
+        off = (session * 7919 + k * 104_729) % (len(POOL) - n)
+        return f"s{session}.{k} " + POOL[off : off + n]
+
+    def body(self, session: int, turn: int) -> dict[str, Any]:
+        first = self.prompt_bytes - len(self.system)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": self._text(session, 0, first)},
+        ]
+        for k in range(1, turn + 1):
+            messages.append({"role": "assistant", "content": self._text(session, 2 * k, self.step)})
+            messages.append({"role": "user", "content": self._text(session, 2 * k + 1, self.step)})
+        return {"model": "m", "messages": messages, "max_tokens": 256, "stream": True}
 
 
 def _state(engine: int, now: float, rng: random.Random) -> EngineState:
@@ -77,27 +114,57 @@ def _state(engine: int, now: float, rng: random.Random) -> EngineState:
     )
 
 
-def bench_decisions(workers: int, policy: str, sessions: int, decisions: int) -> dict[str, Any]:
+def _builder(config: RouterConfig) -> Callable[[str, dict[str, Any], str], RoutingRequest]:
+    """build_routing_request as the proxy calls it (with the per-session prefix memo
+    when this version of the router has one)."""
+    params = inspect.signature(build_routing_request).parameters
+    extra: dict[str, Any] = {}
+    if "memo" in params:
+        from agentic_router.prefix import TextChainMemo  # type: ignore[attr-defined,unused-ignore]
+
+        extra["memo"] = TextChainMemo()
+
+    def build(rid: str, body: dict[str, Any], session: str) -> RoutingRequest:
+        return build_routing_request(rid, body, session_id=session, config=config, **extra)
+
+    return build
+
+
+def _stats(ns: list[int]) -> dict[str, float]:
+    us = sorted(t / 1000 for t in ns)
+    return {
+        "median": round(us[len(us) // 2], 1),
+        "p99": round(us[min(len(us) - 1, int(len(us) * 0.99))], 1),
+    }
+
+
+def bench_decisions(
+    workers: int, policy: str, sessions: int, decisions: int, prompt_bytes: int
+) -> dict[str, Any]:
     rng = random.Random(workers)
     clock = Clock()
+    config = RouterConfig(block_size=BLOCK)
     router = Router(
         [f"w{i}" for i in range(workers)],
         policy,
+        config=config,
         clock=clock,
         plugin_manager=make_plugin_manager(load_entry_points=False),
     )
+    build = _builder(config)
+    gen = Sessions(prompt_bytes)
     turn = [0] * sessions
     live: list[str] = [""] * sessions
-    for s in range(sessions):  # 10 000 active sessions, each with a request in flight
-        hashes, tokens = _chain(s, 0, rng)
-        req = RoutingRequest(f"s{s}-t0", f"s{s}", tokens, hashes, BLOCK)
+    for s in range(sessions):  # the active sessions, each with a request in flight
+        req = build(f"s{s}-t0", gen.body(s, 0), f"s{s}")
         router.route(req)
         live[s] = req.request_id
         clock.now += 0.001
     gc.collect()
-    gc.freeze()  # long-lived router state out of the collector's way, as a server would
-    timings: list[int] = []
+    stages: dict[str, list[int]] = {"build": [], "decide": [], "record": [], "total": []}
+    parse: list[int] = []
     perf = time.perf_counter_ns
+    dumps = json.dumps
     for k in range(decisions):
         clock.now += 0.002
         if k % 10 == 0:  # the feed: a fresh snapshot per worker every 20 ms of virtual time
@@ -106,26 +173,64 @@ def bench_decisions(workers: int, policy: str, sessions: int, decisions: int) ->
             )
         s = rng.randrange(sessions)
         turn[s] += 1
-        hashes, tokens = _chain(s, turn[s], rng)
-        req = RoutingRequest(f"s{s}-t{turn[s]}", f"s{s}", tokens, hashes, BLOCK)
+        body = gen.body(s, turn[s])
+        raw = dumps(body).encode()
         t0 = perf()
+        json.loads(raw)
+        t1 = perf()
+        parse.append(t1 - t0)
+        t0 = perf()
+        req = build(f"s{s}-t{turn[s]}", body, f"s{s}")
+        t1 = perf()
         d = router.decide(req)
-        timings.append(perf() - t0)
+        t2 = perf()
+        router.add_request(req, d.worker)  # before the record, as the proxy does
+        t3 = perf()
+        dumps(d.to_log(), separators=(",", ":"), default=str)
+        t4 = perf()
+        stages["build"].append(t1 - t0)
+        stages["decide"].append(t2 - t1)
+        stages["record"].append(t4 - t3)
+        stages["total"].append((t2 - t0) + (t4 - t3))
         router.free(live[s])
-        router.add_request(req, d.worker)
         live[s] = req.request_id
     assert len(router.state.index) == sessions
-    gc.unfreeze()
-    us = sorted(t / 1000 for t in timings)
+    total = stages["total"]
     return {
         "workers": workers,
         "policy": policy,
+        "prompt_bytes": prompt_bytes,
         "active_sessions": sessions,
         "decisions": decisions,
-        "decisions_per_s": round(1e6 / statistics.fmean(us), 1),
-        "us_per_decision_median": round(us[len(us) // 2], 1),
-        "us_per_decision_p99": round(us[min(len(us) - 1, int(len(us) * 0.99))], 1),
+        "decisions_per_s": round(1e9 * len(total) / sum(total), 1),
+        "us": {name: _stats(v) for name, v in stages.items()},
+        "parse_us": _stats(parse),
         "registry_blocks": router.registry.total_blocks(),
+    }
+
+
+def bench_prefix(prompt_bytes: int, sessions: int) -> dict[str, Any]:
+    """build_routing_request on a session's first turn and on its next turn."""
+    config = RouterConfig(block_size=BLOCK)
+    build = _builder(config)
+    gen = Sessions(prompt_bytes)
+    perf = time.perf_counter_ns
+    first: list[int] = []
+    nxt: list[int] = []
+    blocks = 0
+    for s in range(sessions):
+        for t, out in ((0, first), (1, nxt), (2, nxt)):
+            body = gen.body(s, t)
+            t0 = perf()
+            req = build(f"s{s}-t{t}", body, f"s{s}")
+            out.append(perf() - t0)
+            blocks = len(req.block_hashes)
+    return {
+        "prompt_bytes": prompt_bytes,
+        "suffix_bytes_per_turn": 2 * gen.step,
+        "blocks": blocks,
+        "first_turn_us": _stats(first),
+        "next_turn_us": _stats(nxt),
     }
 
 
@@ -225,22 +330,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke check)")
     parser.add_argument("--policies", default="unified,lmetric,round_robin")
     parser.add_argument("--workers", default="8,64,256")
+    parser.add_argument("--prompt-bytes", default="2048,204800")
     parser.add_argument("--sessions", type=int, default=10_000)
-    parser.add_argument("--decisions", type=int, default=3_000)
+    parser.add_argument("--decisions", type=int, default=2_000)
+    parser.add_argument("--prefix-sessions", type=int, default=200)
     parser.add_argument("--registry-requests", type=int, default=1_000_000)
+    parser.add_argument("--no-registry", action="store_true", help="skip the memory part")
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.decisions, args.registry_requests = 1_000, 300, 20_000
+        args.prefix_sessions = 30
+    sizes = [int(b) for b in args.prompt_bytes.split(",")]
     out: dict[str, Any] = {
         "python": sys.version.split()[0],
         "machine": platform.machine(),
+        "prefix_identity": [bench_prefix(b, args.prefix_sessions) for b in sizes],
         "decisions": [
-            bench_decisions(int(w), p, args.sessions, args.decisions)
+            bench_decisions(int(w), p, args.sessions, args.decisions, b)
+            for b in sizes
             for p in args.policies.split(",")
             for w in args.workers.split(",")
         ],
-        "registry": bench_registry_memory(args.registry_requests, workers=64),
     }
+    if not args.no_registry:
+        out["registry"] = bench_registry_memory(args.registry_requests, workers=64)
     print(json.dumps(out, indent=2))
 
 
