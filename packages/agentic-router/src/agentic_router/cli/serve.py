@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from typing import Any
 
 from agentic_common import redact_uri
-from agentic_router.server._config import ConfigError, load_config
+from agentic_router.server._config import ConfigError, ServerConfig, load_config
 from agentic_router.server._config import add_arguments as _add_settings
 
 
@@ -46,25 +48,69 @@ def run(args: argparse.Namespace) -> int:
     )
     from aiohttp import web
 
-    from agentic_router.server._app import RUNNER_OPTIONS, create_app
+    from agentic_router.server._app import create_app
 
     try:
         app = create_app(config)
     except (ConfigError, ValueError) as exc:
         print(f"agentic-router serve: {exc}", file=sys.stderr)
         return 2
-    mode = "prefill/decode" if config.pd_mode else "aggregated"
-    logging.getLogger("agentic_router.server").info(
-        "serving %s on %s:%d over %d engines, policy %s, feed %s",
-        mode,
-        config.host,
-        config.port,
-        len(config.worker_specs()),
-        config.policy,
-        redact_uri(config.engine_state_uri) if config.engine_state_uri else "off",
-    )
     loop = _new_loop(config.event_loop)
     if loop is None:
         return 2
-    web.run_app(app, host=config.host, port=config.port, print=None, loop=loop, **RUNNER_OPTIONS)
-    return 0
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_serve(app, config))
+    except (web.GracefulExit, KeyboardInterrupt):
+        return 0
+    finally:
+        _close_loop(loop)
+
+
+async def _serve(app: Any, config: ServerConfig) -> int:
+    """Start the app, listen, log "serving" once listening, run until a signal."""
+    from aiohttp import web
+
+    from agentic_router.server._app import make_runner
+
+    runner = make_runner(app, handle_signals=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            print(
+                f"agentic-router serve: cannot listen on {config.host}:{config.port}: {reason}",
+                file=sys.stderr,
+            )
+            return 1
+        mode = "prefill/decode" if config.pd_mode else "aggregated"
+        logging.getLogger("agentic_router.server").info(
+            "serving %s on %s:%d over %d engines, policy %s, feed %s",
+            mode,
+            config.host,
+            config.port,
+            len(config.worker_specs()),
+            config.policy,
+            redact_uri(config.engine_state_uri) if config.engine_state_uri else "off",
+        )
+        await asyncio.Event().wait()  # until SIGINT / SIGTERM (GracefulExit)
+        return 0
+    finally:
+        await runner.cleanup()
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is left on the loop and close it (as aiohttp's run_app does)."""
+    try:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()

@@ -11,9 +11,11 @@ the route table; the work is done elsewhere:
 - routing decisions: the Router, through `_routing.RoutingCore`;
 - /v1/models, /health, /state, /metrics: `_admin`.
 
-It must not block the event loop or hold unbounded queues: in-flight
-requests are capped (`max_inflight`, then 503) and log records go through
-the bounded writer in `agentic_router._logs`.
+It must not block the event loop or hold unbounded queues: request bodies
+are read within bounds (`_body`: size, bytes held at once, read deadline),
+requests being routed are capped (`max_inflight`, then 503) and log records
+go through the bounded writer in `agentic_router._logs`. The app is served
+through `_http.RouterProtocol` (`make_runner`): aiohttp's parser errors as JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,17 +34,30 @@ from aiohttp import web
 from agentic_router.server._accounting import Accounting, Endpoint, RequestContext, Telemetry
 from agentic_router.server._admin import AdminEndpoints
 from agentic_router.server._aggregated import serve_aggregated
+from agentic_router.server._body import BodyBudget, BodyReader
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._health import Breaker
+from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
 from agentic_router.server._pd import serve_pd
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._upstream import EngineClient, HealthChecker, json_error
 
+log = logging.getLogger("agentic_router.server")
+
 # aiohttp's server settings shared by `serve` and the tests: a client that goes
 # away cancels its handler at once, so its shadow load is freed and the engine
 # request is aborted without waiting for the next write.
 RUNNER_OPTIONS: Final[dict[str, Any]] = {"access_log": None, "handler_cancellation": True}
+
+
+def make_runner(app: web.Application, **options: Any) -> RouterRunner:
+    """The runner `serve` and the tests use: aiohttp's AppRunner with RUNNER_OPTIONS,
+    serving through `RouterProtocol` (client errors as JSON, the read deadline)."""
+    config = app[PROXY].config
+    return RouterRunner(
+        app, read_timeout_s=config.request_read_timeout_s, **{**RUNNER_OPTIONS, **options}
+    )
 
 
 class Proxy:
@@ -65,6 +81,7 @@ class Proxy:
         self.client = EngineClient(config, self.acct)
         self.admin = AdminEndpoints(config, self.acct, self.client, lambda: self.inflight)
         self.inflight = 0
+        self.body_budget = BodyBudget(config.max_buffered_body_bytes)
         # Request ids: unique per process run, cheaper than a uuid4 per request.
         self._id_prefix = f"{uuid.uuid4().hex[:12]}-"
         self._ids = itertools.count(1)
@@ -108,23 +125,11 @@ class Proxy:
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         acct = self.acct
         endpoint = "chat" if kind == CHAT else "completions"
-        if self.inflight >= self.config.max_inflight:
-            self.telemetry.requests.inc(endpoint, "overloaded")
-            acct.admission(None, None, False, "overloaded")
-            return json_error(
-                503, "router is at max_inflight; retry later", headers={"Retry-After": "1"}
-            )
         received = time.monotonic()
-        self.inflight += 1
+        body = BodyReader(self.body_budget, self.config.max_body_bytes)
         try:
             try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                self.telemetry.requests.inc(endpoint, "too_large")
-                return json_error(
-                    413, f"request body exceeds max_body_bytes={self.config.max_body_bytes}"
-                )
-            try:
+                raw = await body.read(request, read_deadline(request, self.config))
                 parsed = parse_body(raw, kind)
                 session_id = session_id_of(
                     request.headers,
@@ -133,32 +138,81 @@ class Proxy:
                     self.config.session_fields,
                 )
             except BadRequest as exc:
-                self.telemetry.requests.inc(endpoint, "bad_request")
-                return json_error(exc.status, exc.message, param=exc.param)
-            ctx = RequestContext(
-                request=request,
-                parsed=parsed,
-                raw=raw,
-                path=path,
-                session_id=session_id,
-                request_id=f"{self._id_prefix}{next(self._ids)}",
-                client_request_id=request.headers.get("X-Request-Id"),
-                endpoint=endpoint,
-                received=received,
-            )
-            response: web.StreamResponse | None = None
+                self.telemetry.requests.inc(endpoint, _REFUSAL.get(exc.status, "bad_request"))
+                return client_error(request, exc.status, exc.message, param=exc.param)
+            # In flight from here: a slow upload holds its connection and its
+            # buffered bytes (bounded above), never a routing slot.
+            if self.inflight >= self.config.max_inflight:
+                self.telemetry.requests.inc(endpoint, "overloaded")
+                acct.admission(None, None, False, "overloaded")
+                return json_error(
+                    503, "router is at max_inflight; retry later", headers={"Retry-After": "1"}
+                )
+            self.inflight += 1
             try:
-                serve = serve_pd if self.config.pd_mode else serve_aggregated
-                response = await serve(self.client, ctx)
-                return response
-            except (asyncio.CancelledError, ConnectionResetError):
-                # The client went away (every reservation was freed on the way out).
-                acct.count(ctx, "client_disconnect")
-                raise
+                ctx = RequestContext(
+                    request=request,
+                    parsed=parsed,
+                    raw=raw,
+                    path=path,
+                    session_id=session_id,
+                    request_id=f"{self._id_prefix}{next(self._ids)}",
+                    client_request_id=request.headers.get("X-Request-Id"),
+                    endpoint=endpoint,
+                    received=received,
+                )
+                response: web.StreamResponse | None = None
+                try:
+                    serve = serve_pd if self.config.pd_mode else serve_aggregated
+                    response = await serve(self.client, ctx)
+                    return response
+                except (asyncio.CancelledError, ConnectionResetError):
+                    # The client went away (every reservation was freed on the way out).
+                    acct.count(ctx, "client_disconnect")
+                    raise
+                finally:
+                    acct.log_outcome(ctx, response)
             finally:
-                acct.log_outcome(ctx, response)
+                self.inflight -= 1
         finally:
-            self.inflight -= 1
+            body.release()
+
+
+#: the requests counter's outcome for a request refused before routing
+_REFUSAL: Final = {408: "read_timeout", 413: "too_large", 503: "overloaded"}
+
+
+def read_deadline(request: web.BaseRequest, config: ServerConfig) -> float:
+    """Loop time by which the request's body must be in: the connection protocol's
+    deadline (from the request's first byte), or `request_read_timeout_s` from
+    now when the app is served by a plain aiohttp runner."""
+    protocol = request.protocol
+    if isinstance(protocol, RouterProtocol):
+        return protocol.read_deadline
+    return asyncio.get_running_loop().time() + config.request_read_timeout_s
+
+
+def client_error(
+    request: web.BaseRequest, status: int, message: str, *, param: str | None = None
+) -> web.Response:
+    """A refused request: one WARNING line (no traceback) and the OpenAI-shaped answer.
+    A refusal that leaves the body unread closes the connection (408, 413, a 503
+    before reading: the rest of the body is not worth waiting for); 503 says
+    when to retry."""
+    log.warning(
+        "client error: %d %s %s from %s: %s",
+        status,
+        request.method,
+        one_line(request.path, 200),
+        request.remote,
+        one_line(message),
+    )
+    response = json_error(
+        status, message, param=param, headers={"Retry-After": "1"} if status == 503 else None
+    )
+    if not request.content.is_eof():
+        response.force_close()
+    return response
 
 
 PROXY: Final = web.AppKey("proxy", Proxy)
@@ -171,14 +225,25 @@ async def errors_as_json(
     """aiohttp's own error answers (unknown path, wrong method) in OpenAI's JSON shape,
     like every error the handlers answer. An HTTPException is raised before any
     response starts, so replacing it is safe; any other exception is left to
-    aiohttp, which may be mid-stream."""
+    aiohttp, which may be mid-stream.
+
+    Also tells the connection protocol when a handler starts (the request head is
+    in; the body has what is left of the read deadline) and ends."""
+    protocol = request.protocol if isinstance(request.protocol, RouterProtocol) else None
+    if protocol is not None:
+        protocol.head_received()
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return json_error(exc.status, exc.reason, headers=headers or None)
+        response = client_error(request, exc.status, exc.reason)
+        response.headers.update(headers)
+        return response
+    finally:
+        if protocol is not None:
+            protocol.request_done()
 
 
 def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Application:

@@ -125,10 +125,28 @@ class ServerConfig:
         None, "bearer token for GET /state; /state answers 403 while unset", secret=True
     )
     max_body_bytes: int = setting(
-        32 * 1024 * 1024, "largest request body accepted (413 above)", check=at_least(1)
+        32 * 1024 * 1024,
+        "largest request body accepted (413 above)",
+        check=at_least(1),
+        why="an 800 KB agentic prompt with 40x headroom",
+    )
+    max_buffered_body_bytes: int = setting(
+        1024 * 1024 * 1024,
+        "request-body bytes held at once, over every request being read or in flight; a "
+        "request that would pass it gets 503 before its body is read",
+        check=at_least(1),
+        why="1,300 concurrent 800 KB prompts",
+    )
+    request_read_timeout_s: float = setting(
+        60.0,
+        "longest a client may take to send a whole request (headers and body) from its first "
+        "byte, or from connecting; then 408 and the connection is closed",
+        check=positive,
     )
     max_inflight: int = setting(
-        4096, "requests in flight before new ones get 503", check=at_least(1)
+        4096,
+        "requests being routed or answered at once (counted once the body is read); more get 503",
+        check=at_least(1),
     )
     connect_timeout_s: float = setting(5.0, "timeout to connect to an engine", check=positive)
     first_byte_timeout_s: float = setting(
@@ -177,6 +195,11 @@ class ServerConfig:
             _settings.validate(self)
         except SettingError as exc:
             raise ConfigError(str(exc)) from None
+        if self.max_buffered_body_bytes < self.max_body_bytes:
+            raise ConfigError(
+                f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes})"
+            )
         if self.engines and (self.prefill or self.decode):
             raise ConfigError("use either --engine (aggregated) or --prefill/--decode (P/D)")
         if not self.engines and not (self.prefill and self.decode):

@@ -191,6 +191,7 @@ def error_body(status: int, message: str, *, param: str | None = None) -> dict[s
         403: "PermissionDeniedError",
         404: "NotFoundError",
         405: "MethodNotAllowedError",
+        408: "RequestTimeoutError",
         413: "RequestTooLargeError",
         499: "ClientClosedRequest",
         502: "BadGatewayError",

@@ -1,0 +1,199 @@
+"""The HTTP connection under the app: what is answered before a handler runs.
+
+aiohttp's parser rejects a bad request line, bad headers or a bad chunked
+body inside the connection protocol (`RequestHandler.handle_error`), before
+any middleware runs: it answers text/plain and logs an ERROR traceback per
+request. `RouterProtocol` is that protocol with two changes:
+
+- a client error is answered in OpenAI's JSON shape and logged as one
+  WARNING line without a traceback (a 500, a router bug, keeps its ERROR
+  traceback but not the text/plain body);
+- the request-read deadline: a request must arrive (head and body) within
+  `request_read_timeout_s` of its first byte (of the connect, for a new
+  connection). While the head is incomplete the protocol enforces it (408 and
+  close; a connection that never sent a byte is closed silently); once the
+  head is in, the handler gets what is left (`read_deadline`) for the body.
+
+`RouterRunner` is aiohttp's AppRunner serving the app through that protocol;
+`serve` and the test helpers run the app with it. Owns no routing state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+
+from agentic_router.server._parse import error_body
+
+log = logging.getLogger("agentic_router.server")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A client-supplied message made safe for one log line: whitespace folded, cut."""
+    folded = " ".join(text.split())
+    return folded if len(folded) <= limit else folded[: limit - 3] + "..."
+
+
+class RouterProtocol(web.RequestHandler):
+    """aiohttp's connection protocol with client errors as JSON and a read deadline."""
+
+    __slots__ = ("_awaiting_head", "_head_bytes", "_head_timer", "_read_timeout_s", "read_deadline")
+
+    def __init__(self, manager: web.Server, *, read_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._read_timeout_s = read_timeout_s
+        self._awaiting_head = True
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = False
+        #: loop time by which the current request must have fully arrived
+        self.read_deadline = 0.0
+
+    # ---- the head deadline ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm(head_bytes=False)
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._awaiting_head:
+            if self._head_timer is None:
+                self._arm(head_bytes=True)
+            else:
+                self._head_bytes = True
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, *, head_bytes: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self.read_deadline = loop.time() + self._read_timeout_s
+        self._head_bytes = head_bytes
+        self._head_timer = loop.call_at(self.read_deadline, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def head_received(self) -> float:
+        """A handler starts: the head is in. Returns the deadline for the body."""
+        self._disarm()
+        self._awaiting_head = False
+        return self.read_deadline
+
+    def request_done(self) -> None:
+        """The handler returned: bytes from now on start the next request's head."""
+        self._awaiting_head = True
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if transport is None or not self._awaiting_head:
+            return
+        if self._head_bytes:
+            log.warning(
+                "client error: 408 from %s: request head not complete within %gs",
+                self.peername,
+                self._read_timeout_s,
+            )
+            body = json.dumps(
+                error_body(408, f"request not received within {self._read_timeout_s:g}s")
+            ).encode()
+            transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            )
+        self.force_close()
+
+    # ---- errors answered by the protocol itself ----
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            # A handler raised: a router bug, worth its traceback. The client
+            # is not told what it was.
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+            text = "internal error in the router"
+        else:
+            if isinstance(exc, HttpProcessingError) and exc.message:
+                message = exc.message
+            text = one_line(message or str(exc or "bad request"))
+            if self._request_count == 1 and isinstance(exc, BadHttpMethod):
+                # Often not HTTP at all (TLS or a scanner on this port): as aiohttp does.
+                log.debug("client error: %d from %s: %s", status, request.remote, text)
+            else:
+                log.warning("client error: %d from %s: %s", status, request.remote, text)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent; cannot send the error")
+        response = web.json_response(error_body(status, text), status=status)
+        response.force_close()
+        return response
+
+
+class _RouterServer(web.Server):
+    """aiohttp's Server making `RouterProtocol` connections."""
+
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        request_factory: Any,
+        handler_cancellation: bool,
+        read_timeout_s: float,
+        loop: asyncio.AbstractEventLoop,
+        **protocol_options: Any,
+    ) -> None:
+        super().__init__(
+            handler,
+            request_factory=request_factory,
+            handler_cancellation=handler_cancellation,
+            loop=loop,
+            **protocol_options,
+        )
+        self._protocol_loop = loop
+        self._protocol_options = protocol_options
+        self._read_timeout_s = read_timeout_s
+
+    def __call__(self) -> RouterProtocol:
+        return RouterProtocol(
+            self,
+            loop=self._protocol_loop,
+            read_timeout_s=self._read_timeout_s,
+            **self._protocol_options,
+        )
+
+
+class RouterRunner(web.AppRunner):
+    """aiohttp's AppRunner (the app's startup and cleanup as usual) serving through
+    `RouterProtocol`; `read_timeout_s` is the request-read deadline."""
+
+    __slots__ = ("_protocol_options", "_read_timeout_s")
+
+    def __init__(self, app: web.Application, *, read_timeout_s: float, **kwargs: Any) -> None:
+        runner_only = ("handle_signals", "shutdown_timeout", "handler_cancellation")
+        self._protocol_options = {k: v for k, v in kwargs.items() if k not in runner_only}
+        self._read_timeout_s = read_timeout_s
+        super().__init__(app, **kwargs)
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()  # runs the app's startup
+        return _RouterServer(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            read_timeout_s=self._read_timeout_s,
+            loop=asyncio.get_running_loop(),
+            **self._protocol_options,
+        )

@@ -1,0 +1,281 @@
+"""What a hostile or broken client can do to the router, over raw sockets.
+
+Requests aiohttp's own parser rejects, slow and oversized uploads, and many
+large bodies at once: each gets an OpenAI-shaped answer, one WARNING line
+without a traceback, and none of them takes the router away from other clients
+or leaves anything reserved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentic_router.server.testing import FakeEngine, RunningRouter, running_router
+
+from .conftest import completion_body, config, eventually, run
+
+pytestmark = pytest.mark.e2e
+
+
+async def _connect(r: RunningRouter) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = r.url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def _exchange(r: RunningRouter, data: bytes) -> bytes:
+    """Send raw bytes, read until the router closes the connection (which it must)."""
+    reader, writer = await _connect(r)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], Any]:
+    """One HTTP/1.1 response (status, lower-cased headers, JSON body) off a raw stream."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def _parse_raw(raw: bytes) -> tuple[int, dict[str, str], Any]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def _is_openai_error(body: Any, status: int) -> bool:
+    err = body.get("error") if isinstance(body, dict) else None
+    return (
+        isinstance(err, dict)
+        and isinstance(err.get("message"), str)
+        and bool(err["message"])
+        and isinstance(err.get("type"), str)
+        and err.get("code") == status
+    )
+
+
+MALFORMED: list[tuple[bytes, str]] = [
+    (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "header"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 9000 + b"\r\n\r\n", "8190"),
+    (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nhello",
+        "Transfer-Encoding",
+    ),
+    (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\nhello\r\n0\r\n\r\n",
+        "chunk",
+    ),
+    (b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", "version"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", ""),
+]
+
+
+def test_parser_errors_are_openai_json_and_one_warning_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Requests aiohttp's HTTP parser rejects (bad header, header line too long,
+    conflicting framing, bad chunk, bad version) are answered in OpenAI's JSON
+    shape, each logged as one WARNING line, never an ERROR traceback."""
+
+    async def main() -> None:
+        async with running_router(config(engines=["http://127.0.0.1:9"])) as r:
+            for data, needle in MALFORMED:
+                caplog.clear()
+                raw = await _exchange(r, data)
+                status, headers, body = _parse_raw(raw)
+                assert status == 400, raw
+                assert headers["content-type"].startswith("application/json"), raw
+                assert _is_openai_error(body, 400), body
+                assert needle.lower() in body["error"]["message"].lower(), body
+                warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+                assert len(warnings) == 1, [rec.getMessage() for rec in caplog.records]
+                assert "\n" not in warnings[0].getMessage()
+                assert not [
+                    rec for rec in caplog.records if rec.exc_info or rec.levelno >= logging.ERROR
+                ], [rec.getMessage() for rec in caplog.records]
+            async with aiohttp.ClientSession() as s, s.get(r.url + "/health") as resp:
+                assert resp.status in (200, 503)  # still serving
+
+    with caplog.at_level(logging.WARNING):
+        run(main())
+
+
+def test_handler_client_errors_log_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A 400 (bad JSON), a 404 and a 405 each log one WARNING line naming the
+    request, without a traceback."""
+
+    async def main() -> None:
+        async with (
+            running_router(config(engines=["http://127.0.0.1:9"])) as r,
+            aiohttp.ClientSession() as s,
+        ):
+            for method, path, data, status in (
+                ("POST", "/v1/completions", b"{not json", 400),
+                ("GET", "/nowhere", b"", 404),
+                ("DELETE", "/v1/completions", b"", 405),
+            ):
+                caplog.clear()
+                async with s.request(method, r.url + path, data=data) as resp:
+                    assert resp.status == status
+                    assert _is_openai_error(await resp.json(), status)
+                warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+                assert len(warnings) == 1, [rec.getMessage() for rec in caplog.records]
+                message = warnings[0].getMessage()
+                assert str(status) in message, message
+                assert path in message, message
+                assert not [rec for rec in caplog.records if rec.exc_info]
+
+    with caplog.at_level(logging.WARNING):
+        run(main())
+
+
+def test_sixty_slow_uploads_do_not_lock_out_a_client() -> None:
+    """60 clients that send their headers and part of a body, then stall, at
+    max_inflight 50: a normal client is still served (in flight counts from
+    routing, after the body is read), and when the slow clients go away
+    nothing stays reserved."""
+
+    async def main() -> None:
+        async with (
+            FakeEngine() as eng,
+            running_router(config(engines=[eng.url], max_inflight=50)) as r,
+        ):
+            slow = []
+            for _ in range(60):
+                reader, writer = await _connect(r)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                    b'{"prompt": "'
+                )
+                await writer.drain()
+                slow.append((reader, writer))
+            await eventually(lambda: r.requests_started() >= 60, "60 slow uploads in handlers")
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(r.url + "/v1/completions", json=completion_body()) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+            for _, writer in slow:
+                writer.close()
+            await eventually(
+                lambda: r.proxy.body_budget.held == 0 and r.proxy.inflight == 0,
+                "the slow uploads' buffered bytes given back",
+            )
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+def test_a_request_not_received_within_the_read_deadline_gets_408_and_is_closed() -> None:
+    """request_read_timeout_s bounds the whole request: a stalled body and a
+    stalled head each get an OpenAI-shaped 408 and the connection closes; a
+    connection that never sends a byte is closed without an answer."""
+
+    async def main() -> None:
+        cfg = config(engines=["http://127.0.0.1:9"], request_read_timeout_s=0.5)
+        async with running_router(cfg) as r:
+            for partial in (
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le",
+            ):
+                reader, writer = await _connect(r)
+                writer.write(partial)
+                await writer.drain()
+                status, headers, body = await _read_response(reader)
+                assert status == 408, body
+                assert _is_openai_error(body, 408)
+                assert headers["connection"].lower() == "close"
+                if b"\r\n\r\n" not in partial:  # the head deadline closes at once
+                    assert await asyncio.wait_for(reader.read(), 10) == b""
+                writer.close()
+            reader, writer = await _connect(r)  # says nothing
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            assert r.proxy.body_budget.held == 0
+
+    run(main())
+
+
+def test_oversized_and_too_many_large_bodies_are_refused_before_reading() -> None:
+    """A Content-Length above max_body_bytes gets 413 before any body byte is
+    sent; a chunked body is cut off at the limit; and bodies that together would
+    pass max_buffered_body_bytes get 503 with Retry-After, so concurrent large
+    uploads cannot grow the process without bound."""
+
+    async def main() -> None:
+        cfg = config(
+            engines=["http://127.0.0.1:9"],
+            max_body_bytes=1 << 20,
+            max_buffered_body_bytes=2 << 20,
+        )
+        async with running_router(cfg) as r:
+            # 413 from the header alone (the body is never sent)
+            reader, writer = await _connect(r)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"
+            )
+            status, headers, body = await _read_response(reader)
+            assert status == 413, body
+            assert _is_openai_error(body, 413), body
+            assert headers["connection"].lower() == "close"
+            writer.close()
+
+            # chunked, past the limit
+            async def chunks() -> Any:
+                for _ in range(20):
+                    yield b"x" * (128 << 10)
+
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(r.url + "/v1/completions", data=chunks()) as resp,
+            ):
+                assert resp.status == 413
+                assert _is_openai_error(await resp.json(), 413)
+            # two 900 KB uploads fit the 2 MB budget; the third does not
+            held = []
+            for _ in range(2):
+                reader, writer = await _connect(r)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 921600\r\n\r\n{"
+                )
+                await writer.drain()
+                held.append(writer)
+            await eventually(lambda: r.proxy.body_budget.held == 2 * 921600, "two uploads admitted")
+            reader, writer = await _connect(r)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 921600\r\n\r\n{"
+            )
+            status, headers, body = await _read_response(reader)
+            assert status == 503, body
+            assert _is_openai_error(body, 503), body
+            assert "max_buffered_body_bytes" in body["error"]["message"]
+            assert headers["retry-after"] == "1"
+            writer.close()
+            for w in held:
+                w.close()
+            await eventually(lambda: r.proxy.body_budget.held == 0, "budget given back")
+            assert r.proxy.inflight == 0
+
+    run(main())
