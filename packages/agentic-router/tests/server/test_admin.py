@@ -114,10 +114,18 @@ def test_health_and_models() -> None:
             status, body = await _get(r.url + "/health")
             assert status == 503
             assert body["status"] == "unavailable"
-            # an engine that recovers is closed again by the next successful check
+            # an engine that recovers takes a trial request after the cooldown, and the
+            # trial's success (not the health check's) closes its circuit
             a.faults.health_status = 200
             r.proxy.endpoints[0].breaker.open_s = 0.0
-            await eventually(lambda: r.proxy.endpoints[0].breaker.state == "closed", "recovered")
+            await eventually(lambda: r.proxy.endpoints[0].breaker.state == "half_open", "half open")
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(r.url + "/v1/completions", json=completion_body()) as resp,
+            ):
+                assert resp.status == 200
+                assert resp.headers["X-Agentic-Worker"] == "engine_0"
+            assert r.proxy.endpoints[0].breaker.state == "closed"
 
     run(main())
 

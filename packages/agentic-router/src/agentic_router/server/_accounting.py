@@ -14,8 +14,11 @@ failures and successes here, and the Router (through `RoutingCore`) decides.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -172,19 +175,53 @@ class Accounting:
 
     # ---- engines' health, as the Router sees it ----
 
-    def sync_health(self) -> None:
-        """Tell the Router which engines may take new requests now (only engines
-        whose breaker is not closed can have changed: a closed one stays usable)."""
+    def sync_health(self) -> set[int]:
+        """Tell the Router which engines may take new requests now, and return the
+        slots that may not (only engines whose breaker is not closed can have
+        changed: a closed one stays usable). The proxy keeps those slots out of
+        every decision: the Router's own fallback, "all unhealthy: pick among
+        all", would send requests to engines whose circuit is open."""
+        refused: set[int] = set()
         for slot in list(self._degraded):
             ep = self.endpoints[slot]
-            self.core.set_usable(slot, ep.breaker.usable())
+            usable = ep.breaker.usable()
+            self.core.set_usable(slot, usable)
+            if not usable:
+                refused.add(slot)
             if ep.breaker.state == CLOSED:
                 self._degraded.discard(slot)
+        return refused
+
+    def retry_after(self, slots: set[int]) -> str:
+        """Retry-After (whole seconds, at least 1) for a request refused because
+        every engine in `slots` is refused: when the first of them may take a trial."""
+        wait = min((self.endpoints[s].breaker.retry_after_s() for s in slots), default=1.0)
+        return str(max(1, math.ceil(wait)))
 
     def record_failure(self, ep: Endpoint, kind: str, message: str) -> None:
+        """A request met a failure of `ep` (passive)."""
         self.telemetry.engine_failures.inc(ep.spec.engine_id, kind)
-        before = ep.breaker.state
-        ep.breaker.failure(f"{kind}: {message}")
+        self._breaker_moved(
+            ep, ep.breaker.state, message, lambda: ep.breaker.failure(f"{kind}: {message}")
+        )
+
+    def record_health(self, ep: Endpoint, ok: bool, problem: str = "") -> None:
+        """The outcome of one active health check of `ep`. A passed check counts
+        for nothing but the health checks' own streak (docs/operations.md)."""
+        if ok:
+            ep.last_health_ok = time.time()
+            ep.breaker.health_ok()
+            return
+        ep.health_checks_failed += 1
+        self.telemetry.engine_failures.inc(ep.spec.engine_id, "health")
+        self._breaker_moved(
+            ep, ep.breaker.state, problem, lambda: ep.breaker.health_failure(f"health: {problem}")
+        )
+
+    def _breaker_moved(
+        self, ep: Endpoint, before: str, message: str, event: Callable[[], None]
+    ) -> None:
+        event()
         if ep.breaker.state != before:
             log.warning(
                 "engine %s circuit %s -> %s (%s)",
@@ -205,10 +242,21 @@ class Accounting:
             self._degraded.discard(ep.slot)
             self.core.set_usable(ep.slot, True)
 
-    def dispatched(self, ep: Endpoint) -> None:
-        """A request is on its way to `ep` (in half-open, it is the one trial)."""
-        ep.requests += 1
-        ep.breaker.dispatched()
+    @contextlib.contextmanager
+    def attempt(self, *eps: Endpoint) -> Iterator[None]:
+        """Requests are on their way to `eps` (in half-open, each is its engine's
+        one trial). On the way out, a trial that got no verdict (its client left,
+        or its partner failed first) frees its engine's trial slot, so the engine
+        is not left half-open with no trial forever."""
+        trials = []
+        for ep in eps:
+            ep.requests += 1
+            trials.append(ep.breaker.dispatched())
+        try:
+            yield
+        finally:
+            for ep, trial in zip(eps, trials, strict=True):
+                ep.breaker.abandoned(trial)
 
     # ---- outcomes and records ----
 

@@ -22,16 +22,17 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
     config = client.config
     tried: set[int] = set()
     last: EngineFailure | None = None
+    refused: set[int] = set()
     for attempt in range(config.max_retries + 1):
-        acct.sync_health()
+        refused = acct.sync_health()  # engines whose circuit is open: never candidates
         rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         routing_request = core.routing_request(ctx.parsed, rid, ctx.session_id)
-        decision = core.decide(routing_request, exclude=tried)
+        decision = core.decide(routing_request, exclude=tried | refused)
         if decision is None:
             break
         worker = decision.worker
         decode = decision.decode_worker
-        if decode is not None and decode != worker and decode not in tried:
+        if decode is not None and decode != worker and decode not in tried | refused:
             # Mechanism B: prefill here, decode on another engine (KV moves over
             # the engines' connector, with the vLLM handshake).
             if config.pd_protocol == "vllm":
@@ -47,14 +48,14 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
             acct.telemetry.decode_moves_ignored.inc()
         # The reservation, with no await since decide(): a concurrent request sees it.
         core.add_request(routing_request, worker)
+        ep = acct.endpoints[worker]
         try:
-            ep = acct.endpoints[worker]
-            acct.dispatched(ep)
             acct.note_decision(ctx, decision, worker, None, home=decision.home)
             if attempt:
                 acct.telemetry.retries.inc()
             try:
-                return await client.forward(ctx, ep, rid, ctx.raw)
+                with acct.attempt(ep):
+                    return await client.forward(ctx, ep, rid, ctx.raw)
             except EngineFailure as exc:
                 last = exc
                 acct.admission(ctx, worker, False, admission_reason(exc.status))
@@ -66,6 +67,10 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
     if last is None:
         acct.count(ctx, "no_engine")
         acct.admission(ctx, None, False, "no-usable-engine")
-        return json_error(503, "no usable engine: every engine is down or its circuit is open")
+        return json_error(
+            503,
+            "no usable engine: every engine's circuit is open",
+            headers={"Retry-After": acct.retry_after(refused)},
+        )
     acct.count(ctx, f"engine_{last.status}")
     return json_error(last.status, last.message)

@@ -85,15 +85,14 @@ async def handoff(
         core.add_request(with_id(req, rid_p), p.slot)
         core.add_request(with_id(req, rid_d), d.slot)
     try:
-        acct.dispatched(p)
-        acct.dispatched(d)
         headers = client.headers(ctx, ctx.client_request_id or req.request_id)
         free_p = not one_pool
         try:
-            if client.config.pd_protocol == "vllm":
-                response = await _vllm(client, ctx, p, d, rid_p, rid_d, headers, free_p)
-            else:
-                response = await _sglang(client, ctx, p, d, rid_p, rid_d, headers, free_p)
+            with acct.attempt(p, d):
+                if client.config.pd_protocol == "vllm":
+                    response = await _vllm(client, ctx, p, d, rid_p, rid_d, headers, free_p)
+                else:
+                    response = await _sglang(client, ctx, p, d, rid_p, rid_d, headers, free_p)
         except SideFailure as exc:
             reason = refusal_reason(exc.failure)
             acct.admission(ctx, exc.slot, False, reason)

@@ -28,11 +28,12 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
     core = acct.core
     tried: set[int] = set()
     last: EngineFailure | None = None
+    refused: set[int] = set()
     for attempt in range(client.config.max_retries + 1):
-        acct.sync_health()
+        refused = acct.sync_health()  # engines whose circuit is open: never candidates
         base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
-        dec_d = core.decide(with_id(req, base + ":d"), exclude=tried, role=DECODE)
+        dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
         if dec_d is None:
             break
         if attempt:
@@ -47,12 +48,15 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
                 last = exc.failure
                 if exc.reason in FALLBACK_REASONS or exc.failure.retriable:
                     # The fallback: the same turn, asked again, goes through P.
-                    dec_d = core.decide(with_id(req, base + ":d"), exclude=tried, role=DECODE)
+                    refused = acct.sync_health()
+                    dec_d = core.decide(
+                        with_id(req, base + ":d"), exclude=tried | refused, role=DECODE
+                    )
                     if dec_d is None:
                         break
                 else:
                     break
-        dec_p = core.decide(with_id(req, base + ":p"), exclude=tried, role=PREFILL)
+        dec_p = core.decide(with_id(req, base + ":p"), exclude=tried | refused, role=PREFILL)
         if dec_p is None:
             break
         acct.note_decision(ctx, dec_p, dec_p.worker, dec_d.worker, home=dec_d.home)
@@ -68,7 +72,11 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
     if last is None:
         acct.count(ctx, "no_engine")
         acct.admission(ctx, None, False, "no-usable-engine")
-        return json_error(503, "no usable prefill/decode pair: engines down or circuits open")
+        return json_error(
+            503,
+            "no usable prefill/decode pair: every engine of a pool has its circuit open",
+            headers={"Retry-After": acct.retry_after(refused)},
+        )
     acct.count(ctx, f"engine_{last.status}")
     return json_error(last.status, last.message)
 
@@ -85,10 +93,10 @@ async def _direct(
     req_d = with_id(req, req.request_id + ":d")
     core.add_request(req_d, d.slot)
     try:
-        acct.dispatched(d)
         headers = client.headers(ctx, ctx.client_request_id or req.request_id)
         try:
-            response = await client.forward(ctx, d, req_d.request_id, ctx.raw, headers)
+            with acct.attempt(d):
+                response = await client.forward(ctx, d, req_d.request_id, ctx.raw, headers)
         except EngineFailure as exc:
             reason = refusal_reason(exc)
             acct.admission(ctx, d.slot, False, reason)

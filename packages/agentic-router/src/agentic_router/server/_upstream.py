@@ -32,7 +32,6 @@ from agentic_router.server._accounting import (
     admission_reason,
 )
 from agentic_router.server._config import ServerConfig
-from agentic_router.server._health import OPEN
 from agentic_router.server._parse import error_body
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
@@ -374,12 +373,4 @@ class HealthChecker:
                 problem = f"GET /health answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok, problem = False, f"GET /health failed: {exc!r}"
-        if ok:
-            ep.last_health_ok = time.time()
-            if ep.breaker.state == OPEN:
-                ep.breaker.usable()  # moves to half_open when the cooldown is over
-            if ep.breaker.state != OPEN:
-                acct.record_success(ep)
-        else:
-            ep.health_checks_failed += 1
-            acct.record_failure(ep, "health", problem)
+        acct.record_health(ep, ok, problem)

@@ -1,0 +1,207 @@
+"""Broken engines, over real sockets: the circuit breaker, gray failures, and
+answers that are not what an engine should send.
+
+Each test names the failure mode of docs/operations.md ("Engine failures") it
+pins down: what the client sees, and what the router counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentic_router.server.testing import FakeEngine, running_router
+
+from .conftest import completion_body, config, eventually, run
+
+pytestmark = pytest.mark.e2e
+
+
+async def _post(url: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int, Any, Any]:
+    """(status, headers, body: parsed JSON, or the raw bytes when not JSON)."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s,
+        s.post(url + "/v1/completions", json=body) as resp,
+    ):
+        raw = await resp.read()
+        try:
+            data: Any = json.loads(raw)
+        except ValueError:
+            data = raw
+        return resp.status, resp.headers, data
+
+
+def _router_error(status: int, data: Any, code: int) -> str:
+    """The message of a router-made error in OpenAI's shape."""
+    assert status == code, data
+    err = data["error"]
+    assert err["code"] == code
+    assert err["type"]
+    assert err["message"]
+    return str(err["message"])
+
+
+# ---- an open circuit refuses traffic ----
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_circuit_open_gives_503_at_once_without_contacting_an_engine(stream: bool) -> None:
+    async def main() -> None:
+        a, b = FakeEngine("vllm"), FakeEngine("vllm")
+        a.faults.fail_status = b.faults.fail_status = 503
+        cfg = config(
+            engines=[a.url, b.url], failure_threshold=1, circuit_open_s=3600, max_retries=1
+        )
+        async with a, b, running_router(cfg) as r:
+            status, _, data = await _post(r.url, completion_body(stream=stream))
+            assert status == 503  # each engine answered 503 once: both circuits open
+            assert len(a.requests) + len(b.requests) == 2
+            assert [ep.breaker.state for ep in r.proxy.endpoints] == ["open", "open"]
+            status, headers, data = await _post(r.url, completion_body(stream=stream))
+            message = _router_error(status, data, 503)
+            assert "circuit" in message
+            assert 3000 < int(headers["Retry-After"]) <= 3600
+            assert "X-Agentic-Worker" not in headers  # no engine was contacted
+            assert len(a.requests) + len(b.requests) == 2
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+def test_half_open_lets_one_trial_through_and_its_success_closes_the_circuit() -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.fail_status = 503
+        eng.faults.fail_count = 1
+        cfg = config(engines=[eng.url], failure_threshold=1, circuit_open_s=3600, max_retries=0)
+        async with eng, running_router(cfg) as r:
+            breaker = r.proxy.endpoints[0].breaker
+            status, _, _ = await _post(r.url, completion_body())
+            assert status == 503
+            assert breaker.state == "open"
+            breaker.open_s = 0.0  # the cooldown is over
+            eng.faults.first_token_delay_s = 1.0
+            trial = asyncio.create_task(_post(r.url, completion_body()))
+            await eventually(lambda: eng.inflight == 1, "the trial reached the engine")
+            assert breaker.state == "half_open"
+            # while the trial runs, nothing else goes to the engine
+            status, headers, data = await _post(r.url, completion_body())
+            _router_error(status, data, 503)
+            assert int(headers["Retry-After"]) >= 1
+            assert len(eng.requests) == 2
+            status, headers, _ = await trial
+            assert status == 200
+            assert headers["X-Agentic-Worker"] == "engine_0"
+            assert breaker.state == "closed"
+            eng.faults.first_token_delay_s = 0.0
+            status, _, _ = await _post(r.url, completion_body())
+            assert status == 200
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+# ---- gray failure: /health answers, generations do not ----
+
+
+def test_generations_that_hang_open_the_circuit_although_health_checks_pass() -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.hang = True  # /health still answers 200
+        cfg = config(
+            engines=[eng.url],
+            health_check_interval_s=0.02,
+            first_byte_timeout_s=0.2,
+            failure_threshold=2,
+            circuit_open_s=3600,
+            max_retries=0,
+        )
+        async with eng, running_router(cfg) as r:
+            ep = r.proxy.endpoints[0]
+
+            async def health_check_passes() -> None:
+                since = ep.last_health_ok or 0.0
+                await eventually(lambda: (ep.last_health_ok or 0.0) > since, "a health check")
+
+            for _ in range(2):
+                await health_check_passes()  # between the two timeouts: resets nothing
+                status, _, data = await _post(r.url, completion_body())
+                _router_error(status, data, 504)
+            assert ep.breaker.state == "open"
+            await health_check_passes()
+            assert ep.breaker.state == "open"
+            status, headers, data = await _post(r.url, completion_body())
+            _router_error(status, data, 503)
+            assert "Retry-After" in headers
+            assert len(eng.requests) == 2
+            # the cooldown over, a passing health check makes it half-open, not closed:
+            # only a trial request may close it
+            ep.breaker.open_s = 0.0
+            await health_check_passes()
+            await health_check_passes()
+            assert ep.breaker.state == "half_open"
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+def test_health_checks_alone_still_open_the_circuit() -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.health_status = 500
+        cfg = config(
+            engines=[eng.url],
+            health_check_interval_s=0.02,
+            failure_threshold=2,
+            circuit_open_s=3600,
+        )
+        async with eng, running_router(cfg) as r:
+            ep = r.proxy.endpoints[0]
+            await eventually(lambda: ep.breaker.state == "open", "health checks opened it")
+            assert ep.breaker.consecutive_failures == 0  # no request failed
+            assert ep.breaker.health_failures >= 2
+
+    run(main())
+
+
+# ---- a half-open trial whose client leaves ----
+
+
+def test_a_trial_whose_client_leaves_frees_the_half_open_slot() -> None:
+    """Health checks off: nothing but requests can move the breaker. The trial's
+    client leaves before the engine answers; later requests must reach the
+    engine again (on the old code it stayed half-open with its trial 'in flight'
+    forever, and every request went to the other engine)."""
+
+    async def main() -> None:
+        a, b = FakeEngine("vllm", engine_id="A"), FakeEngine("vllm", engine_id="B")
+        a.faults.fail_status = 503
+        a.faults.fail_count = 1
+        cfg = config(engines=[a.url, b.url], failure_threshold=1, circuit_open_s=3600)
+        async with a, b, running_router(cfg) as r:
+            breaker = r.proxy.endpoints[0].breaker
+            while breaker.state != "open":  # the failure is retried on B: clients see 200
+                status, _, _ = await _post(r.url, completion_body())
+                assert status == 200
+            breaker.open_s = 0.0
+            a.faults.first_token_delay_s = 30.0
+            sent = len(a.requests)
+            while len(a.requests) == sent:  # until the trial went to A; its client gives up
+                with contextlib.suppress(TimeoutError):
+                    await _post(r.url, completion_body(), timeout=0.3)
+            await eventually(lambda: r.active_requests() == 0, "the trial's load freed")
+            assert breaker.state == "half_open"
+            a.faults.first_token_delay_s = 0.0
+            done = a.completed
+            for _ in range(20):
+                status, _, _ = await _post(r.url, completion_body())
+                assert status == 200
+            assert a.completed > done
+            assert breaker.state == "closed"
+
+    run(main())
