@@ -279,3 +279,58 @@ def test_oversized_and_too_many_large_bodies_are_refused_before_reading() -> Non
             assert r.proxy.inflight == 0
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    ("mode", "field", "value"),
+    [
+        (
+            "aggregated",
+            "kv_transfer_params",
+            {"do_remote_prefill": True, "remote_host": "10.9.9.9", "remote_port": 5600},
+        ),
+        ("vllm", "kv_transfer_params", {"do_remote_prefill": True, "remote_host": "10.9.9.9"}),
+        ("sglang", "bootstrap_host", "10.9.9.9"),
+        ("sglang", "bootstrap_room", 7),
+    ],
+)
+def test_router_owned_fields_from_a_client_are_refused(mode: str, field: str, value: Any) -> None:
+    """A client cannot choose where an engine connects for a KV transfer: a body
+    carrying the hand-off fields the router sets is refused with a 400 naming
+    the field, and no engine sees it; the same field as null passes."""
+
+    async def main() -> None:
+        if mode == "aggregated":
+            engines = [FakeEngine("vllm")]
+            cfg = config(engines=[engines[0].url])
+        else:
+            flavor: Any = mode
+            engines = [FakeEngine(flavor, role="prefill"), FakeEngine(flavor, role="decode")]
+            cfg = config(
+                prefill=[engines[0].url],
+                decode=[engines[1].url],
+                pd_protocol=mode,
+                prefill_bootstrap_port=engines[0].bootstrap_port or 8998,
+            )
+        for eng in engines:
+            await eng.start()
+        try:
+            async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+                async with s.post(
+                    r.url + "/v1/completions", json={**completion_body(), field: value}
+                ) as resp:
+                    assert resp.status == 400
+                    body = await resp.json()
+                    assert _is_openai_error(body, 400)
+                    assert body["error"]["param"] == field
+                assert all(not eng.requests for eng in engines)
+                async with s.post(
+                    r.url + "/v1/completions", json={**completion_body(), field: None}
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                assert r.active_requests() == 0
+        finally:
+            for eng in engines:
+                await eng.stop()
+
+    run(main())

@@ -57,6 +57,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
     else:
         _check_messages(body.get("messages", _MISSING))
     _check_token_id_fields(body)
+    _check_router_owned(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
@@ -75,6 +76,33 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
         if max_tokens is None:
             max_tokens = value
     return ParsedRequest(kind=kind, body=body, stream=stream, max_tokens=max_tokens)
+
+
+#: Body fields the router sets to hand a request between engines. From a client
+#: they would steer an engine's KV transfer: vLLM's `kv_transfer_params` names
+#: the host and port a decode engine pulls KV from, SGLang's `bootstrap_*` the
+#: prefill server both sides meet at. They are refused (400), not stripped, so
+#: aggregated bodies still go to the engine byte for byte and the client learns
+#: why; a null value is the field's absence and passes.
+ROUTER_OWNED_FIELDS: Final = (
+    "kv_transfer_params",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "disagg_prefill_dp_rank",
+)
+
+
+def _check_router_owned(body: dict[str, Any]) -> None:
+    for key in ROUTER_OWNED_FIELDS:
+        if body.get(key) is not None:
+            raise BadRequest(
+                f"'{key}' is set by the router for prefill/decode hand-offs; "
+                "a client may not send it",
+                param=key,
+            )
 
 
 class _Missing:
