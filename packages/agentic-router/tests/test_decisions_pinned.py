@@ -8,7 +8,10 @@ with token ids, interleaved with first tokens, frees and real-state snapshots.
 Each request goes through `build_routing_request` (prefix identity) and every
 built-in policy's Router; the block hashes and each decision (worker, decode
 worker, reason, every candidate's total) must equal `data/pinned_decisions.json`,
-recorded on the code before the prefix-identity fast path. A deliberate change of
+recorded on the code before the prefix-identity fast path. The decision record
+as the JSONL writer writes it (candidate dicts built straight from the trace,
+orjson) must equal the one built through `CandidateScore` and `json`. A
+deliberate change of
 a policy's scoring re-records it in the same commit:
 
     python packages/agentic-router/tests/test_decisions_pinned.py --record
@@ -21,13 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentic_router._logs import ROUTING_DECISIONS, JsonlLogs, read_jsonl
 from agentic_router.builtin import BUILTIN_POLICIES
+from agentic_router.decision import Decision
 from agentic_router.plugins import make_plugin_manager
+from agentic_router.prefix import TextChainMemo
 from agentic_router.pytest_plugin import ManualClock, engine_state
 from agentic_router.request import build_routing_request
 from agentic_router.router import Router
@@ -97,17 +104,25 @@ def _digest(hashes: tuple[int, ...]) -> str:
     return hashlib.sha256(b"".join(h.to_bytes(8, "little") for h in hashes)).hexdigest()[:16]
 
 
-def requests(build: Any = build_routing_request) -> list[RoutingRequest | None]:
+def requests(memo: TextChainMemo | None = None) -> list[RoutingRequest | None]:
+    """The stream's routing requests, built as the proxy builds them (with `memo`, the
+    per-session memo that hashes only a next turn's new text)."""
     config = RouterConfig()
     return [
-        build(ev["id"], ev["body"], session_id=ev.get("session"), config=config)
+        build_routing_request(
+            ev["id"], ev["body"], session_id=ev.get("session"), config=config, memo=memo
+        )
         if ev["op"] == "request"
         else None
         for ev in bodies()
     ]
 
 
-def replay(policy: str, reqs: list[RoutingRequest | None]) -> list[list[Any]]:
+def replay(
+    policy: str,
+    reqs: list[RoutingRequest | None],
+    on_decision: Callable[[RoutingRequest, Decision], None] | None = None,
+) -> list[list[Any]]:
     clock = ManualClock()
     router = Router(
         [f"w{i}" for i in range(WORKERS)],
@@ -122,6 +137,8 @@ def replay(policy: str, reqs: list[RoutingRequest | None]) -> list[list[Any]]:
         if ev["op"] == "request":
             assert req is not None
             d = router.route(req)
+            if on_decision is not None:
+                on_decision(req, d)
             out.append(
                 [
                     d.worker,
@@ -262,22 +279,56 @@ def test_stream_exercises_what_it_claims() -> None:
     assert max(len(t) for t in texts) > 50_000
 
 
-def test_prefix_identity_is_pinned(pinned: dict[str, Any]) -> None:
+@pytest.mark.parametrize("memo", [False, True], ids=["from-scratch", "memo"])
+def test_prefix_identity_is_pinned(memo: bool, pinned: dict[str, Any]) -> None:
+    m = TextChainMemo() if memo else None
     got = [
         [r.request_id, r.prompt_tokens, len(r.block_hashes), _digest(r.block_hashes)]
-        for r in requests()
+        for r in requests(m)
         if r is not None
     ]
     assert got == pinned["requests"]
+    if m is not None:  # next turns, retries and compactions all went through it
+        assert m.hits > 100
+        assert m.misses > 20
 
 
 @pytest.mark.parametrize("policy", BUILTIN_POLICIES)
 def test_decisions_are_pinned(policy: str, pinned: dict[str, Any]) -> None:
-    got = json.loads(json.dumps(replay(policy, requests())))
+    got = json.loads(json.dumps(replay(policy, requests(TextChainMemo()))))
     want = pinned["decisions"][policy]
     assert len({d[0] for d in want}) > 1
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"{policy}: decision {i} differs (re-record only for a deliberate change)"
+
+
+def _plain(log: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps({**log, "candidates": candidates}, default=str)))
+
+
+@pytest.mark.parametrize("policy", ["load_only", "lmetric", "unified"])
+def test_written_records_equal_the_plain_ones(policy: str, tmp_path: Path) -> None:
+    assert policy in BUILTIN_POLICIES
+    logs = JsonlLogs(tmp_path, background=False)
+    want: list[dict[str, Any]] = []
+
+    def log(req: RoutingRequest, d: Decision) -> None:
+        fast = d.to_log()
+        # the same decision, its candidates read through the CandidateScore records
+        slow = [c.to_dict() for c in d.candidates]
+        # every other line has an integer orjson refuses: the json fallback
+        extra: dict[str, Any] = {"stage": "aggregated", "n": 2**70 if len(want) % 2 else 1}
+        want.append(_plain(fast, slow) | extra)
+        logs.decision(req.request_id, req.session_id, fast, **extra)
+
+    replay(policy, requests(), log)
+    logs.close()
+    got = list(read_jsonl(tmp_path / ROUTING_DECISIONS))
+    assert len(got) == len(want) > 100
+    if policy == "load_only":  # filtered candidates are in its records too
+        assert any(c["filtered_by"] for g in got for c in g["candidates"])
+    for g, w in zip(got, want, strict=True):
+        assert g == w
 
 
 if __name__ == "__main__":

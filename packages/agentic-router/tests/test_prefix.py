@@ -12,6 +12,7 @@ from agentic_router import RouterConfig, build_routing_request
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import (
+    TextChainMemo,
     block_hashes_from_ids,
     block_hashes_from_text,
     block_hashes_from_tokens,
@@ -98,3 +99,43 @@ def test_a_tokenizer_plugin_provides_token_ids() -> None:
     )
     assert req.prompt_tokens == 12
     assert req.block_hashes == block_hashes_from_tokens([ord(c) for c in "hello world!"], 4)
+
+
+texts = st.text(alphabet="ab é中\ud800", max_size=40)
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["s1", "s2"]), texts, st.booleans()), max_size=30))
+def test_memo_gives_the_from_scratch_chain_whatever_the_turns(
+    turns: list[tuple[str, str, bool]],
+) -> None:
+    memo = TextChainMemo(max_bytes=4096, max_sessions=1)
+    last = {"s1": "", "s2": ""}
+    for session, more, grow in turns:
+        # a next turn appends to the session's last prompt; else a new prompt
+        text = last[session] + more if grow else more
+        last[session] = text
+        for chunk in (3, 4):
+            assert memo.block_hashes(session, text, chunk) == block_hashes_from_text(text, chunk)
+
+
+def test_memo_hashes_only_the_new_suffix_and_stays_bounded() -> None:
+    memo = TextChainMemo(max_bytes=64 * 1024, max_sessions=2)
+    base = "x" * 10_000
+    memo.block_hashes("a", base, 256)
+    assert memo.misses == 1
+    assert memo.block_hashes("a", base + "y" * 600, 256) == block_hashes_from_text(
+        base + "y" * 600, 256
+    )
+    assert memo.hits == 1
+    memo.block_hashes("a", "z" + base, 256)  # an edited history: from scratch
+    assert memo.misses == 2
+    memo.block_hashes("b", base, 256)
+    memo.block_hashes("c", base, 256)
+    assert len(memo) == 2  # "a" was least recently used
+    memo.block_hashes("a", "z" + base, 256)
+    assert memo.misses == 5
+    assert memo.held_bytes <= memo.max_bytes
+    memo.block_hashes("huge", "q" * 64 * 1024, 256)  # above a quarter of the budget
+    assert len(memo) == 2
+    assert "huge" not in memo._entries

@@ -4,7 +4,8 @@ Block i's hash covers blocks 0..i, so two prompts share block i's hash exactly
 when they share the whole prefix up to and including block i. Only full blocks
 are hashed (a partial last block is not reusable by an engine's prefix cache
 either). Hashes are 64-bit unsigned integers from BLAKE2b, stable across
-processes and Python versions (never the salted built-in `hash`).
+processes and Python versions (never the salted built-in `hash`):
+h_i = BLAKE2b-64(payload_i, key=h_{i-1} as 8 little-endian bytes).
 
 Three sources, one chain:
 - token ids (sent by the client or produced by a configured tokenizer),
@@ -12,13 +13,18 @@ Three sources, one chain:
 - Mooncake trace `hash_ids` (one id per 512-token block; equal prefix ->
   equal ids), which the simulator maps onto the same chain.
 
-This module is pure: no state, no clock, no I/O.
+The functions are pure: no state, no clock, no I/O. `TextChainMemo` is the
+one stateful piece: a bounded per-session memo of the last text prompt and its
+chain, so a session's next turn, whose prompt is the previous one plus new
+messages, hashes only the new suffix (an exact prefix check, never a guess).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -26,19 +32,44 @@ from typing import Final
 # everywhere the chain is computed.
 ROOT_HASH: Final = 0
 
+_blake2b: Final = hashlib.blake2b
 
-def _chain(parent: int, payload: bytes) -> int:
-    digest = hashlib.blake2b(payload, digest_size=8, key=parent.to_bytes(8, "little")).digest()
-    return int.from_bytes(digest, "little")
+
+def _key(parent: int) -> bytes:
+    return parent.to_bytes(8, "little")
+
+
+def _as_ints(digests: list[bytes]) -> tuple[int, ...]:
+    """8-byte little-endian digests as unsigned ints, in one C pass."""
+    packed = array("Q")
+    packed.frombytes(b"".join(digests))
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return tuple(packed.tolist())
+
+
+def _chain_blocks(data: bytes, step: int, parent: int) -> tuple[int, ...]:
+    """The chain over the full `step`-byte blocks of `data`. The digest of one block
+    is the key of the next as it stands (it is the parent's 8 little-endian bytes),
+    so the loop is one BLAKE2b call per block and nothing else in Python."""
+    view = memoryview(data)
+    key = _key(parent)
+    digests: list[bytes] = []
+    append = digests.append
+    for i in range(0, len(data) - step + 1, step):
+        key = _blake2b(view[i : i + step], digest_size=8, key=key).digest()
+        append(key)
+    return _as_ints(digests)
 
 
 def chain_payloads(payloads: Iterable[bytes], parent: int = ROOT_HASH) -> tuple[int, ...]:
     """Chain arbitrary block payloads: h_i = H(h_{i-1}, payload_i)."""
-    out: list[int] = []
+    key = _key(parent)
+    digests: list[bytes] = []
     for payload in payloads:
-        parent = _chain(parent, payload)
-        out.append(parent)
-    return tuple(out)
+        key = _blake2b(payload, digest_size=8, key=key).digest()
+        digests.append(key)
+    return _as_ints(digests)
 
 
 def block_hashes_from_tokens(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
@@ -50,24 +81,97 @@ def block_hashes_from_tokens(token_ids: Sequence[int], block_size: int) -> tuple
         packed = array("q", token_ids[:full])
     except (OverflowError, TypeError) as exc:
         raise ValueError(f"token ids must be 64-bit integers: {exc}") from None
-    raw = packed.tobytes()
-    step = block_size * packed.itemsize
-    return chain_payloads(raw[i : i + step] for i in range(0, len(raw), step))
+    return _chain_blocks(packed.tobytes(), block_size * packed.itemsize, ROOT_HASH)
 
 
 def block_hashes_from_text(text: str, chunk_chars: int) -> tuple[int, ...]:
     """Chained hashes of the full `chunk_chars`-character chunks of `text`.
 
     Used when no token ids are available: equal text prefixes give equal
-    chains, which is all prefix affinity needs.
+    chains, which is all prefix affinity needs. Each chunk's payload is its
+    UTF-8 encoding (lone surrogates passed through).
     """
     if chunk_chars <= 0:
         raise ValueError(f"chunk_chars must be positive, got {chunk_chars}")
-    full = len(text) // chunk_chars * chunk_chars
+    return _text_chain(text, chunk_chars, 0, ROOT_HASH)
+
+
+def _text_chain(text: str, chunk_chars: int, start: int, parent: int) -> tuple[int, ...]:
+    """The chain of the full chunks of text[start:], continuing from `parent`."""
+    rest = text[start:] if start else text
+    if rest.isascii():  # one character per byte: hash slices of one encoding
+        return _chain_blocks(rest.encode("ascii"), chunk_chars, parent)
+    full = (len(text) - start) // chunk_chars * chunk_chars + start
     return chain_payloads(
-        text[i : i + chunk_chars].encode("utf-8", "surrogatepass")
-        for i in range(0, full, chunk_chars)
+        (
+            text[i : i + chunk_chars].encode("utf-8", "surrogatepass")
+            for i in range(start, full, chunk_chars)
+        ),
+        parent,
     )
+
+
+class TextChainMemo:
+    """The last text prompt of each session and its chain, to hash only what a next
+    turn adds.
+
+    An agentic session's next prompt is its previous prompt plus new messages. When
+    the new text starts with the remembered text (an exact comparison, one memcmp),
+    the remembered hashes of its full chunks are the new text's first hashes (block
+    i's hash depends only on chunks 0..i), and only the rest is hashed. Anything
+    else (a compacted or edited history, another chunk size) is hashed from scratch,
+    so the result always equals `block_hashes_from_text`. Bounded by the bytes it
+    holds and the sessions it remembers, least recently used first out. Not
+    thread-safe: one event loop owns it.
+    """
+
+    # A block hash held in the memo: an int object plus its tuple slot.
+    _BYTES_PER_HASH: Final = 40
+
+    def __init__(self, max_bytes: int = 256 * 2**20, max_sessions: int = 100_000) -> None:
+        if max_bytes <= 0 or max_sessions <= 0:
+            raise ValueError("max_bytes and max_sessions must be positive")
+        self.max_bytes = max_bytes
+        self.max_sessions = max_sessions
+        self.held_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        # session -> (text, chunk_chars, hashes, bytes charged)
+        self._entries: OrderedDict[str, tuple[str, int, tuple[int, ...], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def block_hashes(self, session_id: str, text: str, chunk_chars: int) -> tuple[int, ...]:
+        """`block_hashes_from_text(text, chunk_chars)`, reusing the session's last chain."""
+        if chunk_chars <= 0:
+            raise ValueError(f"chunk_chars must be positive, got {chunk_chars}")
+        prev = self._entries.pop(session_id, None)
+        hashes: tuple[int, ...] | None = None
+        if prev is not None:
+            self.held_bytes -= prev[3]
+            prev_text, prev_chunk, prev_hashes, _ = prev
+            if prev_chunk == chunk_chars and text.startswith(prev_text):
+                self.hits += 1
+                done = len(prev_hashes)
+                if len(text) // chunk_chars == done:
+                    hashes = prev_hashes  # no new full chunk (a retry, a short turn)
+                else:
+                    parent = prev_hashes[-1] if done else ROOT_HASH
+                    hashes = prev_hashes + _text_chain(
+                        text, chunk_chars, done * chunk_chars, parent
+                    )
+        if hashes is None:
+            self.misses += 1
+            hashes = _text_chain(text, chunk_chars, 0, ROOT_HASH)
+        cost = sys.getsizeof(text) + len(hashes) * self._BYTES_PER_HASH
+        if cost <= self.max_bytes // 4:  # one huge prompt must not flush everyone
+            self._entries[session_id] = (text, chunk_chars, hashes, cost)
+            self.held_bytes += cost
+            while self.held_bytes > self.max_bytes or len(self._entries) > self.max_sessions:
+                _, old = self._entries.popitem(last=False)
+                self.held_bytes -= old[3]
+        return hashes
 
 
 def block_hashes_from_ids(hash_ids: Sequence[int]) -> tuple[int, ...]:

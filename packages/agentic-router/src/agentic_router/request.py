@@ -2,8 +2,9 @@
 
 Prefix identity comes from token ids in the body (`prompt` as a token list,
 `prompt_token_ids` or `input_ids`), else from the `agentic_router_tokenize`
-hook, else from fixed-size text chunks. Pure: no state, no clock, no I/O;
-the proxy validates the body before it gets here.
+hook, else from fixed-size text chunks. Pure: no state, no clock, no I/O
+(the optional `TextChainMemo` is the caller's); the proxy validates the body
+before it gets here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import Any
 
 import pluggy
 
-from agentic_router.prefix import block_hashes_from_text, block_hashes_from_tokens
+from agentic_router.prefix import (
+    TextChainMemo,
+    block_hashes_from_text,
+    block_hashes_from_tokens,
+)
 from agentic_router.types import RouterConfig, RoutingRequest
 
 __all__ = ["build_routing_request"]
@@ -64,13 +69,16 @@ def build_routing_request(
     session_id: str | None = None,
     config: RouterConfig | None = None,
     plugin_manager: pluggy.PluginManager | None = None,
+    memo: TextChainMemo | None = None,
 ) -> RoutingRequest:
     """A RoutingRequest from an OpenAI chat/completions body.
 
     Prefix identity: token ids in the body (`prompt` as a token list,
     `prompt_token_ids` or `input_ids`), else the agentic_router_tokenize hook,
     else text chunks of block_size x chars_per_token characters (prompt length
-    estimated at chars_per_token characters per token; RouterConfig).
+    estimated at chars_per_token characters per token; RouterConfig). With a
+    `memo` and a session id, text chunks a session's previous prompt already
+    hashed are not hashed again (the hashes are the same either way).
     """
     cfg = config or RouterConfig()
     bs = cfg.block_size
@@ -87,14 +95,11 @@ def build_routing_request(
         )
     text = _message_text(body)
     tokens, chunk = text_geometry(len(text), cfg.chars_per_token, bs)
-    return RoutingRequest(
-        request_id,
-        session_id,
-        tokens,
-        block_hashes_from_text(text, chunk),
-        bs,
-        max_tokens,
-    )
+    if memo is not None and session_id is not None:
+        hashes = memo.block_hashes(session_id, text, chunk)
+    else:
+        hashes = block_hashes_from_text(text, chunk)
+    return RoutingRequest(request_id, session_id, tokens, hashes, bs, max_tokens)
 
 
 def text_geometry(chars: int, chars_per_token: float, block_size: int) -> tuple[int, int]:

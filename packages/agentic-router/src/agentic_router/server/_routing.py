@@ -24,6 +24,7 @@ from agentic_router.decision import Decision
 from agentic_router.feed import Feed, MetricsReconciler, StateFeed
 from agentic_router.migration import thrash_metrics
 from agentic_router.plugins import make_plugin_manager
+from agentic_router.prefix import TextChainMemo
 from agentic_router.request import build_routing_request
 from agentic_router.router import Router
 from agentic_router.server._config import ConfigError, ServerConfig, router_config
@@ -81,6 +82,8 @@ class RoutingCore:
         self._tokenize_pm = (
             self.pm if self.pm.hook.agentic_router_tokenize.get_hookimpls() else None
         )
+        # A session's next turn hashes only the text its last prompt did not have.
+        self.prefix_memo = TextChainMemo()
 
     # ---- requests ----
 
@@ -93,6 +96,7 @@ class RoutingCore:
             session_id=session_id,
             config=self.router_config,
             plugin_manager=self._tokenize_pm,
+            memo=self.prefix_memo,
         )
 
     def decide(
