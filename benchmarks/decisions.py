@@ -120,7 +120,7 @@ def _builder(config: RouterConfig) -> Callable[[str, dict[str, Any], str], Routi
     params = inspect.signature(build_routing_request).parameters
     extra: dict[str, Any] = {}
     if "memo" in params:
-        from agentic_router.prefix import TextChainMemo  # type: ignore[attr-defined,unused-ignore]
+        from agentic_router.prefix import TextChainMemo
 
         extra["memo"] = TextChainMemo()
 
@@ -128,6 +128,16 @@ def _builder(config: RouterConfig) -> Callable[[str, dict[str, Any], str], Routi
         return build_routing_request(rid, body, session_id=session, config=config, **extra)
 
     return build
+
+
+def _serialiser() -> Callable[[dict[str, Any]], object]:
+    """The JSONL writer's own serialiser (json.dumps before it had one)."""
+    try:
+        from agentic_router._logs import _serialise
+
+        return _serialise
+    except ImportError:
+        return lambda record: json.dumps(record, separators=(",", ":"), default=str)
 
 
 def _stats(ns: list[int]) -> dict[str, float]:
@@ -165,6 +175,7 @@ def bench_decisions(
     parse: list[int] = []
     perf = time.perf_counter_ns
     dumps = json.dumps
+    serialise = _serialiser()
     for k in range(decisions):
         clock.now += 0.002
         if k % 10 == 0:  # the feed: a fresh snapshot per worker every 20 ms of virtual time
@@ -186,7 +197,7 @@ def bench_decisions(
         t2 = perf()
         router.add_request(req, d.worker)  # before the record, as the proxy does
         t3 = perf()
-        dumps(d.to_log(), separators=(",", ":"), default=str)
+        serialise(d.to_log())
         t4 = perf()
         stages["build"].append(t1 - t0)
         stages["decide"].append(t2 - t1)

@@ -24,6 +24,10 @@ reads one format. Writing never blocks the caller: records go through a
 bounded queue to one writer thread (or are written inline with
 `background=False`, for the simulator's single-threaded virtual time); when
 the queue is full the record is dropped and counted, never waited for.
+Records are serialised with orjson, several times faster than `json` on a
+decision record (which carries every candidate); what orjson refuses (an
+integer beyond 64 bits) falls back to `json`. orjson writes a NaN or an
+infinite float as null, which keeps every line valid JSON.
 This module must not import the proxy or the simulator.
 """
 
@@ -40,6 +44,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Final
+
+import orjson
 
 log = logging.getLogger("agentic_router.logs")
 
@@ -67,8 +73,8 @@ class JsonlLogs:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._files: dict[str, IO[str]] = {
-            name: (self.directory / name).open("a", encoding="utf-8") for name in STREAMS
+        self._files: dict[str, IO[bytes]] = {
+            name: (self.directory / name).open("ab") for name in STREAMS
         }
         self._turns: OrderedDict[str, int] = OrderedDict()
         self.dropped = 0
@@ -171,7 +177,7 @@ class JsonlLogs:
     # ---- plumbing ----
 
     def _emit(self, stream: str, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        line = _serialise(record)
         if self._queue is None:
             self._write(stream, line)
             return
@@ -180,7 +186,7 @@ class JsonlLogs:
         except queue.Full:
             self.dropped += 1
 
-    def _write(self, stream: str, line: str) -> None:
+    def _write(self, stream: str, line: bytes) -> None:
         try:
             self._files[stream].write(line)
             self.written += 1
@@ -194,7 +200,7 @@ class JsonlLogs:
             item = self._queue.get()
             if item is _STOP:
                 break
-            stream, line = typing.cast(tuple[str, str], item)
+            stream, line = typing.cast(tuple[str, bytes], item)
             self._write(stream, line)
             if self._queue.empty():
                 self._flush()
@@ -214,6 +220,23 @@ class JsonlLogs:
         self._flush()
         for f in self._files.values():
             f.close()
+
+
+# dataclasses and datetimes go to `default` (str), as they did with `json`.
+_ORJSON_OPTIONS: Final = (
+    orjson.OPT_NON_STR_KEYS
+    | orjson.OPT_APPEND_NEWLINE
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
+def _serialise(record: Mapping[str, Any]) -> bytes:
+    """One JSONL line (what `default=str` would give for anything else JSON has no type for)."""
+    try:
+        return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
+    except (TypeError, orjson.JSONEncodeError):
+        return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -9,6 +9,7 @@ This module only shapes data: it never decides and never mutates state.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,55 @@ class DecisionTrace:
         self.records = tuple(out)
         return self.records
 
+    def log_dicts(self) -> list[dict[str, Any]]:
+        """`[c.to_dict() for c in self.build()]`, built straight as dicts: a decision
+        record at 256 workers is 256 of them, and the dataclasses in between cost
+        as much again as the dicts."""
+        if self.records is not None:
+            return [c.to_dict() for c in self.records]
+        ctx = self.ctx
+        now = ctx.now
+        names = tuple(self.parts)
+        columns = tuple(self.parts.values())
+        cached, uncached = ctx.cached_tokens, ctx.uncached_tokens
+        out: list[dict[str, Any]] = []
+        append = out.append
+        for i, (w, s) in enumerate(zip(ctx.candidates, ctx.states, strict=True)):
+            append(
+                {
+                    "worker": w,
+                    "total": self.totals[i],
+                    "parts": {n: col[i] for n, col in zip(names, columns, strict=True)},
+                    "features": {
+                        "cached_tokens": cached[i],
+                        "uncached_tokens": uncached[i],
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_pending_prefill": s.eff_pending_prefill,
+                        "eff_ongoing_decode": s.eff_ongoing_decode,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    "real": s.real_fields(now),
+                    "filtered_by": None,
+                }
+            )
+        for w, s, by in self.dropped:
+            append(
+                {
+                    "worker": w,
+                    "total": None,
+                    "parts": {},
+                    "features": {
+                        "eff_num_requests": s.eff_num_requests,
+                        "eff_ongoing_tokens": s.eff_ongoing_tokens,
+                    },
+                    "real": s.real_fields(now),
+                    "filtered_by": by,
+                }
+            )
+        if self.dropped or any(a >= b for a, b in itertools.pairwise(ctx.candidates)):
+            out.sort(key=lambda c: int(c["worker"]))
+        return out
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -133,5 +183,5 @@ class Decision:
             "reason": self.reason,
             "home": self.home,
             "notes": {k: v for k, v in self.notes.items() if k != "reason"},
-            "candidates": [c.to_dict() for c in self.candidates],
+            "candidates": [] if self._trace is None else self._trace.log_dicts(),
         }
