@@ -205,3 +205,167 @@ def test_a_trial_whose_client_leaves_frees_the_half_open_slot() -> None:
             assert breaker.state == "closed"
 
     run(main())
+
+
+# ---- answers that are not what an engine should send ----
+
+_T0 = b'data: {"choices":[{"index":0,"text":" t0"}]}\n\n'
+
+
+async def _metrics(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        return await resp.text()
+
+
+@pytest.mark.parametrize(
+    ("sent", "outcome"),
+    [
+        (b"", "stream_truncated"),  # ends cleanly, but without [DONE]
+        (b'data: {"choi', "stream_garbage"),  # torn inside its last event
+        (b"<html>502 Bad Gateway</html>\n\n", "stream_garbage"),  # not SSE
+        (b"data: oops\n\ndata: [DONE]\n\n", "stream_garbage"),  # data not JSON
+        (_T0 + b"data: oops\n\n" + _T0, "stream_garbage"),  # good, then not
+    ],
+)
+def test_a_broken_stream_ends_with_an_in_band_error_event(sent: bytes, outcome: str) -> None:
+    """The first event reaches the client, then the engine sends `sent` and ends:
+    the client gets every well-formed event, then one error event, never [DONE]
+    nor a torn event."""
+
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        gate = asyncio.Event()
+        eng.faults.body = [_T0, sent]
+        eng.faults.between_parts = gate
+        async with (
+            eng,
+            running_router(config(engines=[eng.url])) as r,
+            aiohttp.ClientSession() as s,
+            s.post(r.url + "/v1/completions", json=completion_body(stream=True)) as resp,
+        ):
+            assert resp.status == 200
+            assert resp.headers["X-Agentic-Worker"] == "engine_0"
+            assert await resp.content.readuntil(b"\n\n") == _T0
+            gate.set()
+            rest = await resp.read()
+            blocks = [b for b in rest.split(b"\n\n") if b]
+            assert blocks[:-1] == [_T0.strip()] * (len(blocks) - 1)
+            error = json.loads(blocks[-1].removeprefix(b"data: "))["error"]
+            assert error["code"] == 502
+            assert "engine_0" in error["message"]
+            assert r.proxy.endpoints[0].breaker.consecutive_failures == 1
+            text = await _metrics(r.url)
+            assert f'{{endpoint="completions",outcome="{outcome}"}} 1' in text
+            assert 'outcome="ok"' not in text
+            await eventually(lambda: r.active_requests() == 0, "load freed")
+
+    run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_garbage_before_anything_was_relayed_is_retried_on_another_engine(stream: bool) -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm"), FakeEngine("vllm")
+        bad.faults.body = b"<html>oops</html>"
+        async with bad, good, running_router(config(engines=[bad.url, good.url])) as r:
+            for _ in range(2):  # round robin: one of them lands on `bad` first
+                status, _, data = await _post(r.url, completion_body(stream=stream))
+                assert status == 200
+                if stream:
+                    assert data.endswith(b"data: [DONE]\n\n")
+                else:
+                    assert data["choices"][0]["text"] == " t0 t1 t2 t3 t4"
+            n = len(bad.requests)
+            assert n >= 1
+            assert r.proxy.endpoints[0].breaker.consecutive_failures == n
+            text = await _metrics(r.url)
+            assert f'kind="garbage"}} {n}\n' in text
+            assert f"agentic_router_retries_total {n}\n" in text
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "sent", [b"not json", b'{"id": "cmpl-1", "choi', b"[1, 2]", b"[" * 100_000 + b"]" * 100_000]
+)
+def test_a_200_answer_that_is_not_a_json_object_is_a_502(sent: bytes) -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.body = sent
+        cfg = config(engines=[eng.url], max_retries=0)
+        async with eng, running_router(cfg) as r:
+            status, _, data = await _post(r.url, completion_body())
+            message = _router_error(status, data, 502)
+            assert "engine_0" in message
+            assert "not JSON" in message
+            assert r.proxy.endpoints[0].breaker.consecutive_failures == 1
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+_DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+
+
+def test_deep_json_from_an_engine_leaves_v1_models_working() -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm", model="bad"), FakeEngine("vllm", model="good")
+        bad.faults.models_body = _DEEP
+        async with bad, good, running_router(config(engines=[bad.url, good.url])) as r:
+            async with aiohttp.ClientSession() as s, s.get(r.url + "/v1/models") as resp:
+                assert resp.status == 200
+                assert [m["id"] for m in (await resp.json())["data"]] == ["good"]
+            assert r.proxy.endpoints[0].breaker.failures_total == 1
+            assert r.proxy.endpoints[1].breaker.failures_total == 0
+
+    run(main())
+
+
+def test_deep_json_from_a_vllm_prefill_engine_is_its_failure() -> None:
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill", engine_id="P0")
+        d = FakeEngine("vllm", role="decode", engine_id="D0")
+        p.faults.body = _DEEP
+        cfg = config(prefill=[p.url], decode=[d.url], pd_protocol="vllm", max_retries=0)
+        async with p, d, running_router(cfg) as r:
+            status, _, data = await _post(r.url, completion_body())
+            message = _router_error(status, data, 502)
+            assert message == "prefill engine prefill_0 sent an answer that is not JSON"
+            assert r.proxy.endpoints[0].breaker.consecutive_failures == 1
+            assert len(d.requests) == 0
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_500_before_the_first_byte_is_retried_on_another_engine(stream: bool) -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm"), FakeEngine("vllm")
+        bad.faults.fail_status = 500
+        async with bad, good, running_router(config(engines=[bad.url, good.url])) as r:
+            for _ in range(2):
+                status, _, _ = await _post(r.url, completion_body(stream=stream))
+                assert status == 200
+            n = len(bad.requests)
+            assert n >= 1
+            assert good.completed == 2
+            assert f"agentic_router_retries_total {n}\n" in await _metrics(r.url)
+
+    run(main())
+
+
+def test_an_engine_500_with_no_engine_left_is_a_router_502() -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.fail_status = 500
+        cfg = config(engines=[eng.url], max_retries=0)
+        async with eng, running_router(cfg) as r:
+            status, _, data = await _post(r.url, completion_body())
+            message = _router_error(status, data, 502)
+            assert message.startswith("engine engine_0 answered 500")
+            assert r.active_requests() == 0
+
+    run(main())

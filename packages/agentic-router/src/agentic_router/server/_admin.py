@@ -47,12 +47,18 @@ class AdminEndpoints:
                 async with session.get(ep.spec.url + "/v1/models", timeout=timeout) as r:
                     if r.status != 200:
                         return []
-                    data = (await r.json(content_type=None)).get("data")
-                    return (
-                        [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-                    )
-            except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AttributeError):
+                    raw = await r.read()
+            except (aiohttp.ClientError, TimeoutError, OSError):
                 return []
+            try:
+                answer = json.loads(raw)
+            except (ValueError, RecursionError):  # deep nesting is the engine's garbage too
+                answer = None
+            if not isinstance(answer, dict):
+                self.acct.record_failure(ep, "garbage", "GET /v1/models: not a JSON object")
+                return []
+            data = answer.get("data")
+            return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
         usable = [ep for ep in self.acct.endpoints if ep.breaker.state != OPEN]
         merged: dict[str, dict[str, Any]] = {}

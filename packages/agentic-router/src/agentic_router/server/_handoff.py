@@ -30,10 +30,10 @@ from aiohttp import web
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
 from agentic_router.server._upstream import (
-    RETRIABLE_STATUS,
     Deadline,
     EngineClient,
     EngineFailure,
+    is_json_object,
 )
 from agentic_router.types import RoutingRequest
 
@@ -124,9 +124,16 @@ async def handoff(
 
 
 async def _read_prefill(
-    client: EngineClient, ep: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]
+    client: EngineClient,
+    ep: Endpoint,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    json_object: bool = False,
 ) -> bytes:
-    """POST to the prefill engine and read its whole (one-token) answer."""
+    """POST to the prefill engine and read its whole (one-token) answer; with
+    `json_object`, an answer that is not one JSON object is the engine's failure."""
     acct = client.acct
     raw = json.dumps(body, separators=(",", ":")).encode()
     try:
@@ -151,7 +158,7 @@ async def _read_prefill(
     status = upstream.status
     if status != 200:
         text = data[:500].decode("utf-8", "replace")
-        retriable = status in RETRIABLE_STATUS
+        retriable = status >= 500  # P produced nothing: another pair may try
         if status >= 500:
             acct.record_failure(ep, f"http_{status}", text)
         raise SideFailure(
@@ -160,6 +167,14 @@ async def _read_prefill(
                 status if status < 500 else 502,
                 f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
                 retriable=retriable,
+            ),
+        )
+    if json_object and not is_json_object(data):
+        acct.record_failure(ep, "garbage", "a 200 prefill answer that is not a JSON object")
+        raise SideFailure(
+            ep.slot,
+            EngineFailure(
+                502, f"prefill engine {ep.spec.engine_id} sent an answer that is not JSON"
             ),
         )
     acct.record_success(ep)
@@ -208,15 +223,12 @@ async def _vllm(
         prefill["max_completion_tokens"] = 1
     for key in ("stream_options", "min_tokens", "min_completion_tokens"):
         prefill.pop(key, None)
-    data = await _read_prefill(client, p, ctx.path, prefill, headers)
+    data = await _read_prefill(client, p, ctx.path, prefill, headers, json_object=True)
+    answer = json.loads(data)
     core.mark_prefill_completed(rid_p)  # P's part is done (one-pool: load moves to D)
     if free_p:
         core.free(rid_p)
-    try:
-        answer = json.loads(data)
-        kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-    except ValueError:
-        kv = None
+    kv = answer.get("kv_transfer_params")
     decode = dict(body)
     if kv:
         decode["kv_transfer_params"] = kv

@@ -4,13 +4,17 @@
 - `EngineFailure`: an engine gave no usable answer (what the client gets, and
   whether another engine may be tried);
 - `EngineClient`: one pooled aiohttp session to every engine; `forward` sends a
-  request and relays the answer (whole, or streamed chunk by chunk, never
-  buffered), under a connect timeout, a first-byte deadline and an idle
-  deadline, and reports each engine's failures and successes to `Accounting`;
+  request and relays the answer (whole, or streamed event by event, never
+  holding more than one unfinished event), under a connect timeout, a
+  first-byte deadline and an idle deadline, and reports each engine's
+  failures and successes to `Accounting`;
 - `HealthChecker`: the active `GET /health` loop.
 
 It raises `EngineFailure` only while nothing has reached the client, so a
 retry is always safe; after that, errors go in-band (an SSE error event).
+What an engine sends is checked before it is relayed: a 200 body must be a
+JSON object, a stream must be well-formed SSE that ends with `[DONE]`
+(`SseEvents`); anything else is that engine's failure (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from typing import Final
 
@@ -120,6 +125,92 @@ async def stream_error(out: web.StreamResponse, tail: bytes, status: int, messag
         await out.write_eof()
 
 
+class SseEvents:
+    """An engine's SSE stream, cut into whole events and checked, so the proxy relays
+    only well-formed events and can tell a complete stream from a torn one.
+
+    An event is well-formed when each of its lines is a comment or an SSE field
+    (`data`, `event`, `id`, `retry`) and its data, if any, is a JSON object
+    (`{...}`: checked by its ends, not parsed, to keep per-token cost flat) or
+    `[DONE]`. A stream is complete when `[DONE]` came. An event that never ends
+    within `max_event_bytes` is garbage too (the bytes held back are bounded)."""
+
+    __slots__ = ("_rest", "done", "max_event_bytes", "problem")
+
+    def __init__(self, max_event_bytes: int = 1 << 20) -> None:
+        self._rest = b""
+        self.done = False  # `data: [DONE]` seen
+        self.problem = ""  # why the stream is garbage (set when feed/finish return None)
+        self.max_event_bytes = max_event_bytes
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole, well-formed events that `chunk` completes, to relay (b"" if
+        none yet). At the first malformed one, `problem` says what, and nothing
+        from there on is ever returned."""
+        if self.problem:
+            return b""
+        data = self._rest + chunk if self._rest else chunk
+        cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
+        if cut < 0:
+            self._rest = data
+            if len(data) > self.max_event_bytes:
+                self.problem = f"no event boundary in {len(data)} bytes"
+                self._rest = b""
+            return b""
+        end = cut + (2 if data[cut + 1 : cut + 2] == b"\n" else 3)
+        ready, self._rest = data[:end], data[end:]
+        start = 0
+        for boundary in _EVENT_END.finditer(ready):
+            if boundary.start() > start and not self._check(ready[start : boundary.start()]):
+                self._rest = b""
+                return ready[:start]
+            start = boundary.end()
+        return ready
+
+    def finish(self) -> bytes:
+        """At the end of the stream: a last event that came without its blank line,
+        if well-formed (else `problem` says what)."""
+        rest, self._rest = self._rest, b""
+        if self.problem or not rest.strip():
+            return b""
+        return rest if self._check(rest.strip()) else b""
+
+    def _check(self, event: bytes) -> bool:
+        data: list[bytes] = []
+        for line in event.splitlines():
+            if not line or line.startswith(b":"):
+                continue
+            name, colon, value = line.partition(b":")
+            if not colon or name not in _SSE_FIELDS:
+                self.problem = f"not an SSE line: {line[:40]!r}"
+                return False
+            if name == b"data":
+                data.append(value[1:] if value.startswith(b" ") else value)
+        if not data:
+            return True
+        payload = b"\n".join(data).strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        if payload.startswith(b"{") and payload.endswith(b"}"):
+            return True
+        self.problem = f"event data is not a JSON object: {payload[:40]!r}"
+        return False
+
+
+_EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
+_SSE_FIELDS: Final = frozenset({b"data", b"event", b"id", b"retry"})
+
+
+def is_json_object(data: bytes) -> bool:
+    """Is `data` one JSON object? (Deep nesting counts as no: the decoder's
+    RecursionError is an engine's garbage, never the router's crash.)"""
+    try:
+        return isinstance(json.loads(data), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 class EngineClient:
     """The proxy's one pooled HTTP client to every engine (open for the app's lifetime)."""
 
@@ -217,17 +308,16 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError, OSError):
             data = b""
         status = upstream.status
-        if status in RETRIABLE_STATUS:
+        if status >= 500:
+            # The engine produced nothing the client saw, and a generation has no
+            # side effect outside the engine: another engine may try (any 5xx).
             acct.record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
             raise EngineFailure(
-                status,
+                status if status in RETRIABLE_STATUS else 502,
                 f"engine {ep.spec.engine_id} answered {status}: "
                 f"{data[:500].decode('utf-8', 'replace')}",
             )
-        if status >= 500:
-            acct.record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
-        else:
-            acct.record_success(ep)  # a 4xx is the engine alive and judging the request
+        acct.record_success(ep)  # a 4xx is the engine alive and judging the request
         acct.count(ctx, f"engine_{status}")
         acct.admission(ctx, ep.slot, False, admission_reason(status))
         return web.Response(
@@ -252,6 +342,9 @@ class EngineClient:
         except (aiohttp.ClientError, OSError) as exc:
             acct.record_failure(ep, "cut", repr(exc))
             raise EngineFailure(502, f"engine {ep.spec.engine_id} cut the response short") from None
+        if not is_json_object(data):
+            acct.record_failure(ep, "garbage", "a 200 answer that is not a JSON object")
+            raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an answer that is not JSON")
         ctx.first_token = time.monotonic()
         acct.core.mark_prefill_completed(rid)
         acct.record_success(ep)
@@ -270,23 +363,33 @@ class EngineClient:
         self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
     ) -> web.StreamResponse:
         acct = self.acct
+        engine = ep.spec.engine_id
         content = upstream.content
+        events = SseEvents()
         out: web.StreamResponse | None = None
         tail = b""
-        broken: BaseException | None = None
+        fault: tuple[str, str, str] | None = None  # (failure kind, outcome, message)
         try:
             # One deadline, moved forward as bytes arrive: first byte, then idle gaps.
             async with Deadline(self.config.first_byte_timeout_s) as deadline:
-                try:
-                    first = await content.readany()
-                except (aiohttp.ClientError, OSError) as exc:
-                    acct.record_failure(ep, "cut", repr(exc))
-                    raise EngineFailure(
-                        502, f"engine {ep.spec.engine_id} dropped the stream"
-                    ) from None
-                if not first:
+                # Nothing goes to the client before one whole, well-formed event:
+                # until then a retry on another engine is still safe.
+                ready = b""
+                ended = False
+                while not ready and not ended:
+                    try:
+                        chunk = await content.readany()
+                    except (aiohttp.ClientError, OSError) as exc:
+                        acct.record_failure(ep, "cut", repr(exc))
+                        raise EngineFailure(502, f"engine {engine} dropped the stream") from None
+                    ended = not chunk
+                    ready = events.feed(chunk) if chunk else events.finish()
+                    if events.problem:
+                        acct.record_failure(ep, "garbage", events.problem)
+                        raise EngineFailure(502, f"engine {engine} sent a malformed stream")
+                if not ready:
                     acct.record_failure(ep, "cut", "empty stream")
-                    raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an empty stream")
+                    raise EngineFailure(502, f"engine {engine} sent an empty stream")
                 # From here on the client gets bytes: no retry, errors go in-band.
                 ctx.first_token = time.monotonic()
                 acct.core.mark_prefill_completed(rid)
@@ -300,22 +403,39 @@ class EngineClient:
                     },
                 )
                 idle = self.config.stream_idle_timeout_s
-                tail = first
+                tail = ready
                 try:
                     ctx.started = True
                     await out.prepare(ctx.request)
-                    await out.write(first)
-                    while True:
+                    await out.write(ready)
+                    while not ended:
                         deadline.push(idle)
                         try:
                             chunk = await content.readany()
                         except (aiohttp.ClientError, OSError) as exc:
-                            broken = exc  # the engine side broke; the client is still there
+                            # the engine side broke; the client is still there
+                            fault = ("cut", "stream_broken", f"engine {engine} died mid-stream")
+                            events.problem = repr(exc)
                             break
-                        if not chunk:
+                        ended = not chunk
+                        ready = events.feed(chunk) if chunk else events.finish()
+                        if ready:
+                            tail = ready
+                            await out.write(ready)
+                        if events.problem:
+                            fault = (
+                                "garbage",
+                                "stream_garbage",
+                                f"engine {engine} sent a malformed event",
+                            )
                             break
-                        tail = chunk
-                        await out.write(chunk)
+                    if fault is None and not events.done:
+                        events.problem = "the stream ended without [DONE]"
+                        fault = (
+                            "cut",
+                            "stream_truncated",
+                            f"engine {engine} ended the stream without [DONE]",
+                        )
                 except (ConnectionResetError, asyncio.CancelledError):
                     # The client left (or the deadline fired): close the upstream
                     # connection so the engine aborts the request.
@@ -327,18 +447,17 @@ class EngineClient:
             if out is None:
                 raise EngineFailure(
                     504,
-                    f"engine {ep.spec.engine_id} sent no token within "
-                    f"{self.config.first_byte_timeout_s}s",
+                    f"engine {engine} sent no token within {self.config.first_byte_timeout_s}s",
                 ) from None
             acct.count(ctx, "stream_timeout")
-            await stream_error(out, tail, 504, f"engine {ep.spec.engine_id} went silent")
+            await stream_error(out, tail, 504, f"engine {engine} went silent")
             return out
-        if broken is not None:
-            acct.record_failure(ep, "cut", repr(broken))
-            acct.count(ctx, "stream_broken")
-            await stream_error(
-                out, tail, 502, f"engine {ep.spec.engine_id} died mid-stream: {broken!r}"
-            )
+        if fault is not None:
+            kind, outcome, message = fault
+            upstream.close()  # whatever the engine still sends is not relayed
+            acct.record_failure(ep, kind, events.problem)
+            acct.count(ctx, outcome)
+            await stream_error(out, tail, 502, message)
             return out
         acct.record_success(ep)
         acct.count(ctx, "ok")

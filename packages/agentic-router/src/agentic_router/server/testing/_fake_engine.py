@@ -54,6 +54,12 @@ class Faults:
     fail_message: str | None = None  # the error message of those failures
     die_after_chunks: int | None = None  # drop the connection after this many chunks
     hang: bool = False  # accept generation requests and never answer
+    # answer generation requests 200 with these bytes instead (a list: written part by
+    # part, each after `between_parts` is set, when given)
+    body: bytes | list[bytes] | None = None
+    between_parts: asyncio.Event | None = None
+    no_done: bool = False  # end streams cleanly but without `data: [DONE]`
+    models_body: bytes | None = None  # what GET /v1/models answers (200) instead
     health_status: int = 200  # what GET /health answers
     kv_wait_timeout_s: float = 5.0  # decode: how long to wait for the prefill's KV
 
@@ -206,6 +212,18 @@ class FakeEngine:
             return _error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
         if f.hang:
             await asyncio.sleep(3600)
+        if f.body is not None:
+            kind = "text/event-stream" if body.get("stream") else "application/json"
+            if isinstance(f.body, bytes):
+                return web.Response(body=f.body, headers={"Content-Type": kind})
+            resp = web.StreamResponse(headers={"Content-Type": kind})
+            await resp.prepare(request)
+            for i, part in enumerate(f.body):
+                if i and f.between_parts is not None:
+                    await f.between_parts.wait()
+                await resp.write(part)
+            await resp.write_eof()
+            return resp
         self.inflight += 1
         try:
             response = await self._answer(request, body, chat)
@@ -322,7 +340,8 @@ class FakeEngine:
                 _abort(request)
                 raise _Died
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
+        if not self.faults.no_done:
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
@@ -439,6 +458,8 @@ class FakeEngine:
     # ---- the other endpoints ----
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.faults.models_body is not None:
+            return web.Response(body=self.faults.models_body, content_type="application/json")
         owned_by = "vllm" if self.flavor == "vllm" else "sglang"
         return web.json_response(
             {
