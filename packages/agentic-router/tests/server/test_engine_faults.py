@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agentic_router.server.testing import FakeEngine, running_router
+from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
 from .conftest import completion_body, config, eventually, run
 
@@ -367,5 +367,50 @@ def test_an_engine_500_with_no_engine_left_is_a_router_502() -> None:
             message = _router_error(status, data, 502)
             assert message.startswith("engine engine_0 answered 500")
             assert r.active_requests() == 0
+
+    run(main())
+
+
+# ---- who answered: X-Agentic-Worker on the router's own errors ----
+
+
+@pytest.mark.parametrize("fault", ["refused", "503", "hang", "garbage"])
+def test_router_made_errors_name_the_engine_tried_last(fault: str) -> None:
+    async def main() -> None:
+        engines = [FakeEngine("vllm"), FakeEngine("vllm")]
+        for eng in engines:
+            if fault == "503":
+                eng.faults.fail_status = 503
+            elif fault == "hang":
+                eng.faults.hang = True
+            elif fault == "garbage":
+                eng.faults.body = b"not json"
+        async with engines[0], engines[1]:
+            urls = (
+                [refused_url(), refused_url()] if fault == "refused" else [e.url for e in engines]
+            )
+            cfg = config(engines=urls, first_byte_timeout_s=0.2, max_retries=1)
+            async with running_router(cfg) as r:
+                status, headers, data = await _post(r.url, completion_body())
+                message = _router_error(status, data, {"hang": 504, "503": 503}.get(fault, 502))
+                last = headers["X-Agentic-Worker"]
+                assert last in ("engine_0", "engine_1")
+                assert f"engine {last}" in message
+                assert "X-Agentic-Decode-Worker" not in headers
+
+    run(main())
+
+
+def test_pd_router_made_errors_name_both_engines_of_the_last_attempt() -> None:
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        d.faults.fail_status = 503
+        cfg = config(prefill=[p.url], decode=[d.url], pd_protocol="vllm", max_retries=0)
+        async with p, d, running_router(cfg) as r:
+            status, headers, data = await _post(r.url, completion_body())
+            assert "decode_0" in _router_error(status, data, 503)
+            assert headers["X-Agentic-Worker"] == "prefill_0"
+            assert headers["X-Agentic-Decode-Worker"] == "decode_0"
 
     run(main())

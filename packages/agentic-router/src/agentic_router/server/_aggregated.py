@@ -73,4 +73,6 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
             headers={"Retry-After": acct.retry_after(refused)},
         )
     acct.count(ctx, f"engine_{last.status}")
-    return json_error(last.status, last.message)
+    # X-Agentic-Worker names the engine(s) of the last attempt; a request that
+    # reached no engine (the 503 above) carries none.
+    return json_error(last.status, last.message, headers=acct.worker_headers(ctx))

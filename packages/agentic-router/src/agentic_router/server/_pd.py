@@ -78,7 +78,9 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
             headers={"Retry-After": acct.retry_after(refused)},
         )
     acct.count(ctx, f"engine_{last.status}")
-    return json_error(last.status, last.message)
+    # X-Agentic-Worker names the engine(s) of the last attempt; a request that
+    # reached no engine (the 503 above) carries none.
+    return json_error(last.status, last.message, headers=acct.worker_headers(ctx))
 
 
 async def _direct(
