@@ -88,9 +88,10 @@ def test_bad_files_are_dropped_by_reason_and_never_raise(uri: str, tmp_path: Pat
     reader = open_reader(uri)
     assert set(reader.read_all()) == {"engine_ok"}
     assert reader.drops == {
-        DropReason.MALFORMED: 3,
+        DropReason.MALFORMED: 2,
         DropReason.UNKNOWN_SCHEMA: 1,
         DropReason.IMPOSSIBLE: 1,
+        DropReason.NOT_REGULAR: 1,
     }
 
 

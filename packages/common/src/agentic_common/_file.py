@@ -8,13 +8,21 @@ Zero third-party dependencies.
 
 from __future__ import annotations
 
-import asyncio
 import os
+import stat
 import threading
 from pathlib import Path
 
-from agentic_common._schema import ENGINE_ID_PATTERN, MAX_ENCODED_BYTES
-from agentic_common._transport import AsyncStateReader, Freshness, StateReader, StateWriter
+from agentic_common._schema import ENGINE_ID_PATTERN, MAX_ENCODED_BYTES, DropReason
+from agentic_common._transport import (
+    AsyncStateReader,
+    BlockingCall,
+    Fetched,
+    Freshness,
+    RawEntry,
+    StateReader,
+    StateWriter,
+)
 
 DIR_MODE = 0o700  # snapshots reveal load; only the owning user may list or read them
 FILE_MODE = 0o600
@@ -71,23 +79,64 @@ class FileStateWriter(StateWriter):
         _engine_file(self.directory, engine_id).unlink(missing_ok=True)
 
 
-def _read_directory(directory: Path) -> list[bytes | None]:
-    payloads: list[bytes | None] = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            name = entry.name
-            if name.startswith(".") or not name.endswith(SUFFIX):
-                continue  # temp files and strangers
-            try:
-                with open(entry.path, "rb") as fh:
-                    # Read one byte past the cap so an oversize file is detected
-                    # (and dropped as malformed) without reading all of it.
-                    payloads.append(fh.read(MAX_ENCODED_BYTES + 1))
-            except FileNotFoundError:
-                payloads.append(None)
-            except (IsADirectoryError, PermissionError):
-                payloads.append(b"")  # present but unreadable: counted as malformed
-    return payloads
+# Never block, never follow a link out of the directory: a FIFO named *.json
+# would otherwise block open() for good, and a symlink could point anywhere.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _read_entry(dir_fd: int, name: str, max_bytes: int) -> RawEntry:
+    engine_id = name[: -len(SUFFIX)]
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return RawEntry(engine_id, None)  # vanished: an engine that left
+    except PermissionError:
+        return RawEntry(engine_id, b"")  # present but unreadable: counted as malformed
+    except OSError:  # ELOOP (a symlink), ENXIO (a socket), ...
+        return RawEntry(engine_id, None, DropReason.NOT_REGULAR)
+    try:
+        # fstat on the open descriptor, not the name: the entry cannot be
+        # swapped for something else between the check and the read.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return RawEntry(engine_id, None, DropReason.NOT_REGULAR)
+        # One byte past the cap, so an oversize file is detected (and dropped)
+        # without reading all of it.
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return RawEntry(engine_id, b"".join(chunks))
+    finally:
+        os.close(fd)
+
+
+def _read_directory(directory: Path, max_bytes: int = MAX_ENCODED_BYTES) -> Fetched:
+    fetched = Fetched()
+    dir_fd = os.open(directory, _DIR_FLAGS)
+    try:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith(".") or not name.endswith(SUFFIX):
+                    continue  # temp files and strangers
+                try:
+                    regular = entry.is_file(follow_symlinks=False)
+                except OSError:
+                    regular = False
+                if not regular:  # skip before opening: a device must not even be opened
+                    fetched.entries.append(
+                        RawEntry(name[: -len(SUFFIX)], None, DropReason.NOT_REGULAR)
+                    )
+                    continue
+                fetched.entries.append(_read_entry(dir_fd, name, max_bytes))
+    finally:
+        os.close(dir_fd)
+    return fetched
 
 
 class FileStateReader(StateReader):
@@ -99,20 +148,22 @@ class FileStateReader(StateReader):
     def uri(self) -> str:
         return self.directory.as_uri()
 
-    def _fetch_raw(self) -> list[bytes | None]:
+    def _fetch_raw(self) -> Fetched:
         return _read_directory(self.directory)
 
 
 class AsyncFileStateReader(AsyncStateReader):
-    """Reads in a worker thread so a slow filesystem never blocks the event loop."""
+    """Reads in a daemon thread (`BlockingCall`) so a slow filesystem never blocks
+    the event loop, and a hung one cannot keep the process from exiting."""
 
     def __init__(self, directory: Path, freshness: Freshness | None = None) -> None:
         super().__init__(freshness)
         self.directory = directory
+        self._call = BlockingCall(directory.name or "state")
 
     @property
     def uri(self) -> str:
         return self.directory.as_uri()
 
-    async def _fetch_raw(self) -> list[bytes | None]:
-        return await asyncio.to_thread(_read_directory, self.directory)
+    async def _fetch_raw(self) -> Fetched:
+        return await self._call.run(lambda: _read_directory(self.directory))

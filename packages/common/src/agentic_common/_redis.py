@@ -21,7 +21,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agentic_common._schema import ENGINE_ID_PATTERN
-from agentic_common._transport import AsyncStateReader, Freshness, StateReader, StateWriter
+from agentic_common._transport import (
+    AsyncStateReader,
+    Fetched,
+    Freshness,
+    RawEntry,
+    StateReader,
+    StateWriter,
+)
 from agentic_common._uri import redact_uri
 
 DEFAULT_PREFIX = "{agentic}:engine_state"
@@ -190,7 +197,7 @@ class RedisStateReader(StateReader):
     def uri(self) -> str:
         return self.target.redacted
 
-    def _fetch_raw(self) -> list[bytes | None]:
+    def _fetch_raw(self) -> Fetched:
         self._backoff.check()
         try:
             result = self._script(
@@ -223,7 +230,7 @@ class AsyncRedisStateReader(AsyncStateReader):
     def uri(self) -> str:
         return self.target.redacted
 
-    async def _fetch_raw(self) -> list[bytes | None]:
+    async def _fetch_raw(self) -> Fetched:
         self._backoff.check()
         try:
             result = await self._script(
@@ -240,7 +247,7 @@ class AsyncRedisStateReader(AsyncStateReader):
         await self._client.aclose()
 
 
-def _as_payloads(result: Any) -> list[bytes | None]:
+def _as_payloads(result: Any) -> Fetched:
     if not isinstance(result, list):
         raise TypeError(f"unexpected script reply {type(result).__name__}")
-    return [value if isinstance(value, bytes) else None for value in result]
+    return Fetched([RawEntry("", v if isinstance(v, bytes) else None) for v in result])

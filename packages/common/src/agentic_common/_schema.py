@@ -60,8 +60,20 @@ class DropReason:
     UNKNOWN_SCHEMA: Final = "unknown_schema"
     IMPOSSIBLE: Final = "impossible"
     UNAVAILABLE: Final = "unavailable"  # the store itself could not be read
+    # Entries the transport refused to read at all (docs/operations.md):
+    NOT_REGULAR: Final = "not_regular"  # a FIFO, socket, symlink or directory named *.json
+    TIMEOUT: Final = "timeout"  # a poll that missed its deadline (the store hangs)
 
-    ALL: Final = (STALE, FUTURE, MALFORMED, UNKNOWN_SCHEMA, IMPOSSIBLE, UNAVAILABLE)
+    ALL: Final = (
+        STALE,
+        FUTURE,
+        MALFORMED,
+        UNKNOWN_SCHEMA,
+        IMPOSSIBLE,
+        UNAVAILABLE,
+        NOT_REGULAR,
+        TIMEOUT,
+    )
 
 
 _INT_FIELDS: Final = (

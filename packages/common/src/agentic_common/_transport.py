@@ -7,12 +7,16 @@ live here so that file and Redis readers drop exactly the same snapshots.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from agentic_common._schema import DropReason, EngineState, InvalidStateError
 
@@ -21,6 +25,11 @@ log = logging.getLogger("agentic_common")
 DEFAULT_MAX_AGE_S = 0.5
 DEFAULT_MAX_SKEW_S = 0.25
 FAILURE_LOG_INTERVAL_S = 10.0
+# Every async poll ends by this deadline, whatever the store does: a feed that
+# waits on a hung store keeps serving stale state and cannot be shut down.
+DEFAULT_POLL_TIMEOUT_S = 1.0
+
+T = TypeVar("T")
 
 Clock = Callable[[], float]
 
@@ -100,6 +109,26 @@ FRESH = "fresh"
 
 
 @dataclass(frozen=True, slots=True)
+class RawEntry:
+    """One stored entry as a transport fetched it, before validation.
+
+    `payload` is None when the entry vanished between listing and reading (an
+    engine that left: not a drop) or when the transport refused to read it, in
+    which case `skipped` is the DropReason it is counted under."""
+
+    name: str  # the engine id its file name or key names
+    payload: bytes | None
+    skipped: str | None = None
+
+
+@dataclass
+class Fetched:
+    """What one transport read returned."""
+
+    entries: list[RawEntry] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class Inspection:
     """One stored snapshot as a reader judges it (for tools, not for routing)."""
 
@@ -140,13 +169,16 @@ class _Validator:
             return state, DropReason.FUTURE
         return state, FRESH
 
-    def accept(self, payloads: Iterable[bytes | None]) -> dict[str, EngineState]:
+    def accept(self, fetched: Fetched) -> dict[str, EngineState]:
         now = self.freshness.clock()
         fresh: dict[str, EngineState] = {}
-        for payload in payloads:
-            if payload is None:
+        for entry in fetched.entries:
+            if entry.skipped is not None:
+                self.drops[entry.skipped] += 1
+                continue
+            if entry.payload is None:
                 continue  # vanished between listing and reading: an engine that left
-            state, verdict = self.classify(payload, now)
+            state, verdict = self.classify(entry.payload, now)
             if verdict != FRESH:
                 self.drops[verdict] += 1
             elif state is not None:
@@ -156,17 +188,19 @@ class _Validator:
         self.reads += 1
         return fresh
 
-    def inspect(self, payloads: Iterable[bytes | None]) -> list[Inspection]:
+    def inspect(self, fetched: Fetched) -> list[Inspection]:
         now = self.freshness.clock()
         out = []
-        for payload in payloads:
-            if payload is not None:
-                state, verdict = self.classify(payload, now)
+        for entry in fetched.entries:
+            if entry.skipped is not None:
+                out.append(Inspection(None, entry.skipped, None))
+            elif entry.payload is not None:
+                state, verdict = self.classify(entry.payload, now)
                 out.append(Inspection(state, verdict, None if state is None else now - state.ts))
         return out
 
-    def unavailable(self) -> dict[str, EngineState]:
-        self.drops[DropReason.UNAVAILABLE] += 1
+    def unavailable(self, reason: str = DropReason.UNAVAILABLE) -> dict[str, EngineState]:
+        self.drops[reason] += 1
         self.reads += 1
         return {}
 
@@ -193,15 +227,15 @@ class StateReader(ABC):
     def uri(self) -> str: ...
 
     @abstractmethod
-    def _fetch_raw(self) -> list[bytes | None]: ...
+    def _fetch_raw(self) -> Fetched: ...
 
     def read_all(self) -> dict[str, EngineState]:
         try:
-            payloads = self._fetch_raw()
+            fetched = self._fetch_raw()
         except Exception as exc:
             self._fail_log.warning("engine-state read from %s failed: %r", self.uri, exc)
             return self._validator.unavailable()
-        return self._validator.accept(payloads)
+        return self._validator.accept(fetched)
 
     def inspect(self) -> list[Inspection]:
         """Every stored snapshot with its verdict, fresh or not; raises if the store is down.
@@ -220,6 +254,7 @@ class AsyncStateReader(ABC):
     def __init__(self, freshness: Freshness | None = None) -> None:
         self._validator = _Validator(freshness or Freshness())
         self._fail_log = RateLimitedLog()
+        self.poll_timeout_s = DEFAULT_POLL_TIMEOUT_S
 
     @property
     def drops(self) -> Counter[str]:
@@ -234,15 +269,70 @@ class AsyncStateReader(ABC):
     def uri(self) -> str: ...
 
     @abstractmethod
-    async def _fetch_raw(self) -> list[bytes | None]: ...
+    async def _fetch_raw(self) -> Fetched: ...
 
     async def read_all(self) -> dict[str, EngineState]:
+        """Fresh states by engine id; returns by `poll_timeout_s` whatever the store does."""
         try:
-            payloads = await self._fetch_raw()
+            async with asyncio.timeout(self.poll_timeout_s):
+                fetched = await self._fetch_raw()
+        except (TimeoutError, ReadInProgressError) as exc:
+            self._fail_log.warning(
+                "engine-state read from %s missed its %.2fs deadline: %r",
+                self.uri,
+                self.poll_timeout_s,
+                exc,
+            )
+            return self._validator.unavailable(DropReason.TIMEOUT)
         except Exception as exc:
             self._fail_log.warning("engine-state read from %s failed: %r", self.uri, exc)
             return self._validator.unavailable()
-        return self._validator.accept(payloads)
+        return self._validator.accept(fetched)
 
     async def close(self) -> None:
         """Release connections. Idempotent."""
+
+
+class ReadInProgressError(RuntimeError):
+    """The previous blocking read has not returned yet; this poll did not start another."""
+
+
+class BlockingCall:
+    """Runs one blocking read at a time in a daemon thread, for an event loop.
+
+    Not asyncio.to_thread: a read stuck in the kernel (a hung filesystem) would
+    hold a default-executor thread that the loop's shutdown joins, so the
+    process could not exit on SIGTERM. A daemon thread is abandoned instead, and
+    while it is stuck no second one is started (one stuck thread, not one a poll).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        if self._thread is not None and self._thread.is_alive():
+            raise ReadInProgressError(f"the previous read of {self._name} has not returned")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, exc: BaseException | None) -> None:
+            if future.done():  # the poll gave up (deadline, shutdown)
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)  # type: ignore[arg-type]
+
+        def target() -> None:
+            try:
+                result, exc = fn(), None
+            except BaseException as err:
+                result, exc = None, err
+            with contextlib.suppress(RuntimeError):  # the loop closed while we were reading
+                loop.call_soon_threadsafe(settle, result, exc)
+
+        thread = threading.Thread(target=target, name=f"agentic-read-{self._name}", daemon=True)
+        self._thread = thread
+        thread.start()
+        return await future
