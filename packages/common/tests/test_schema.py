@@ -9,10 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_common import DropReason, EngineState, InvalidStateError, kv_used_frac
-from agentic_common._schema import MAX_ENCODED_BYTES
+from agentic_common._schema import MAX_COUNT, MAX_ENCODED_BYTES, MAX_FIELD, MAX_TS
 from agentic_common.testing import make_state
 
-counts = st.integers(min_value=0, max_value=2**40)
+# Three counts add up to the backlog, so each stays a quarter of the bound.
+counts = st.integers(min_value=0, max_value=MAX_COUNT // 4)
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False)
 
 
@@ -29,7 +30,7 @@ def valid_states(draw: st.DrawFn) -> EngineState:
     return EngineState(
         engine_id=draw(st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")),
         ts=draw(times),
-        seq=draw(counts),
+        seq=draw(st.integers(min_value=0, max_value=MAX_FIELD["seq"])),
         pid=draw(st.integers(min_value=0, max_value=2**22)),
         num_running=running,
         num_waiting=waiting,
@@ -130,6 +131,89 @@ def test_non_finite_numbers_are_impossible() -> None:
     with pytest.raises(InvalidStateError) as info:
         EngineState.from_json(payload)
     assert info.value.reason == DropReason.IMPOSSIBLE
+
+
+_INT_FIELDS = [
+    f.name
+    for f in dataclasses.fields(EngineState)
+    if f.type in ("int", "int | None") and f.name != "schema"
+]
+
+
+@pytest.mark.parametrize("field", _INT_FIELDS)
+def test_every_integer_is_bounded(field: str) -> None:
+    """Each count is accepted up to its bound and dropped as out_of_range past it, or at
+    10**400 (which JSON carries and Python parses, and float() then refuses)."""
+    bound = MAX_FIELD.get(field, MAX_COUNT)
+    for value in (bound + 1, 10**400):
+        obj = dataclasses.asdict(make_state())
+        obj[field] = value
+        with pytest.raises(InvalidStateError) as info:
+            EngineState.from_json(json.dumps(obj))
+        assert info.value.reason == DropReason.OUT_OF_RANGE, (field, value)
+
+
+def test_the_largest_accepted_snapshot_converts_to_floats_exactly() -> None:
+    counts: dict[str, Any] = {
+        name: MAX_COUNT
+        for name in (
+            "num_running",
+            "num_waiting",
+            "gpu_blocks_total",
+            "gpu_blocks_free",
+            "pending_prefill_tokens",
+            "num_decoding",
+            "ongoing_decode_tokens",
+            "num_prefilling",
+            "num_remote_prefill",
+            "max_prefill_remaining",
+        )
+    }
+    top = make_state(
+        seq=MAX_FIELD["seq"],
+        pid=MAX_FIELD["pid"],
+        block_size=MAX_FIELD["block_size"],
+        running_prefill_tokens=MAX_COUNT,
+        queued_prefill_tokens=0,
+        gpu_kv_used_frac=0.0,
+        **counts,
+    )
+    state = EngineState.from_json(top.to_json())
+    for name in _INT_FIELDS:
+        value = getattr(state, name)
+        assert float(value) == value
+    capacity = state.kv_capacity_tokens
+    assert capacity is not None
+    assert float(capacity) ** 2 < float("inf")
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("ts", b"1e300"),
+        ("last_step_ts", b"1e300"),
+        ("last_step_ts", str(MAX_TS * 2).encode()),
+        ("ts", b"Infinity"),
+        ("last_step_ts", b"-Infinity"),
+        ("last_step_ts", b"NaN"),
+        ("gpu_kv_used_frac", b"1e999"),
+    ],
+)
+def test_huge_and_non_finite_floats_are_dropped(field: str, text: bytes) -> None:
+    obj = dataclasses.asdict(make_state())
+    obj[field] = 0.5
+    key = f'"{field}": '.encode()
+    payload = json.dumps(obj).encode().replace(key + b"0.5", key + text)
+    assert text in payload
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(payload)
+    assert info.value.reason in (DropReason.OUT_OF_RANGE, DropReason.IMPOSSIBLE)
+
+
+def test_deep_nesting_under_the_size_cap_is_malformed_not_a_recursion_error() -> None:
+    with pytest.raises(InvalidStateError) as info:
+        EngineState.from_json(b"[" * (MAX_ENCODED_BYTES - 1))
+    assert info.value.reason == DropReason.MALFORMED
 
 
 def test_oversize_payload_is_malformed_without_parsing() -> None:

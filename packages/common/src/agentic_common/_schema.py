@@ -62,6 +62,7 @@ class DropReason:
     UNAVAILABLE: Final = "unavailable"  # the store itself could not be read
     # Entries the transport refused to read at all (docs/operations.md):
     NOT_REGULAR: Final = "not_regular"  # a FIFO, socket, symlink or directory named *.json
+    OUT_OF_RANGE: Final = "out_of_range"  # a number past any engine's (10**400 running)
     TIMEOUT: Final = "timeout"  # a poll that missed its deadline (the store hangs)
 
     ALL: Final = (
@@ -73,6 +74,7 @@ class DropReason:
         UNAVAILABLE,
         NOT_REGULAR,
         TIMEOUT,
+        OUT_OF_RANGE,
     )
 
 
@@ -93,6 +95,19 @@ _INT_FIELDS: Final = (
 _FLOAT_FIELDS: Final = ("ts", "gpu_kv_used_frac", "last_step_ts")
 # Optional (see the module docstring): absent or null reads as None.
 _OPTIONAL_INT_FIELDS: Final = ("running_prefill_tokens", "queued_prefill_tokens", "block_size")
+
+# Upper bounds: a value past one is not an engine's, and an unbounded one breaks
+# the reader's arithmetic (float(10**400) raises; an inf poisons every score).
+# Every accepted value converts to a float exactly, and sums and products of a
+# few of them stay far below float overflow, so nothing downstream of
+# validation (scorers, /metrics) needs its own guard.
+MAX_COUNT: Final = 2**40  # requests, tokens and KV blocks (a trillion)
+MAX_FIELD: Final = {
+    "seq": 2**53,  # a publish counter: 14 million years at 20 Hz
+    "pid": 2**32,
+    "block_size": 2**20,
+}
+MAX_TS: Final = 2.0**34  # seconds since the epoch: the year 2514
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,17 +156,20 @@ class EngineState:
         """Return self if every value is possible, else raise InvalidStateError."""
         if not ENGINE_ID_PATTERN.match(self.engine_id):
             raise InvalidStateError(DropReason.MALFORMED, f"bad engine_id {self.engine_id!r}")
-        for name in _INT_FIELDS:
-            if getattr(self, name) < 0:
-                raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
-        for name in _OPTIONAL_INT_FIELDS:
+        for name in (*_INT_FIELDS, *_OPTIONAL_INT_FIELDS):
             value = getattr(self, name)
-            if value is not None and value < 0:
+            if value is None:
+                continue
+            if value < 0:
                 raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name} is negative")
+            if value > MAX_FIELD.get(name, MAX_COUNT):
+                raise InvalidStateError(DropReason.OUT_OF_RANGE, f"{name} is out of range")
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise InvalidStateError(DropReason.IMPOSSIBLE, f"{name}={value!r}")
+            if name != "gpu_kv_used_frac" and value > MAX_TS:
+                raise InvalidStateError(DropReason.OUT_OF_RANGE, f"{name} is out of range")
         if (self.running_prefill_tokens is None) != (self.queued_prefill_tokens is None):
             raise InvalidStateError(
                 DropReason.MALFORMED, "running_prefill_tokens and queued_prefill_tokens go together"
@@ -199,8 +217,9 @@ class EngineState:
             raise InvalidStateError(DropReason.MALFORMED, f"{len(data)} bytes is too large")
         try:
             obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidStateError(DropReason.MALFORMED, f"not JSON: {exc}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            # ValueError covers an integer of more than 4300 digits, too.
+            raise InvalidStateError(DropReason.MALFORMED, f"not JSON: {exc!r}") from None
         return cls.from_dict(obj)
 
     @classmethod

@@ -1,0 +1,173 @@
+"""`agentic-router serve` over a hostile state store, as an operator runs it: the
+feed skips and counts what it must not read, and the router still stops on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+from agentic_common import DropReason, open_writer
+from agentic_common.testing import free_port, make_state
+from agentic_router import Router, RoutingRequest, StateFeed
+from agentic_router.server.testing import FakeEngine, running_router
+
+from .conftest import config
+
+
+def _serve(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from agentic_router.cli import main; raise SystemExit(main())",
+            "serve",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            body: bytes = resp.read()
+            return body.decode()
+    except OSError:
+        return None
+
+
+def _metric(text: str, prefix: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_fifo_in_the_state_directory_neither_blocks_the_feed_nor_sigterm(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    open_writer(state.as_uri()).publish(make_state("engine_0"))
+    fifo = state / "engine_1.json"
+    os.mkfifo(fifo)
+    port = free_port()
+    proc = _serve(
+        "--engine", f"engine_0=http://127.0.0.1:{free_port()}",
+        "--engine-state-uri", state.as_uri(),
+        "--host", "127.0.0.1", "--port", str(port),
+    )  # fmt: skip
+    try:
+        # The feed keeps polling past the FIFO: its skips keep being counted.
+        skipped = 0.0
+        deadline = time.monotonic() + 30
+        while skipped < 3 and time.monotonic() < deadline and proc.poll() is None:
+            text = _get(f"http://127.0.0.1:{port}/metrics")
+            if text is not None:
+                skipped = _metric(
+                    text, 'agentic_router_feed_drops_total{pool="both",reason="not_regular"}'
+                )
+            time.sleep(0.05)
+        assert skipped >= 3, "the feed did not poll past the FIFO"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the router ignored SIGTERM") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=15)
+        # Release a reader the code before this fix left blocked on the FIFO.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _out_of_range(engine_id: str) -> bytes:
+    """A snapshot valid in every way but one number no engine has."""
+    raw = make_state(engine_id, num_running=4, num_decoding=4).to_json()
+    return raw.replace(b'"num_running":4', b'"num_running":1' + b"0" * 400)
+
+
+def test_a_snapshot_with_an_impossible_number_is_dropped_and_metrics_still_render(
+    tmp_path: Path,
+) -> None:
+    """num_running = 10**400 used to pass validation: /metrics then answered 500
+    while the snapshot was fresh. It is dropped and counted, and /metrics renders."""
+    state = tmp_path / "state"
+    writer = open_writer(state.as_uri())
+
+    async def main() -> None:
+        async with (
+            FakeEngine("vllm") as eng,
+            running_router(config(engines=[eng.url], engine_state_uri=state.as_uri())) as r,
+            aiohttp.ClientSession() as s,
+        ):
+            deadline = time.monotonic() + 20
+            text = ""
+            while "out_of_range" not in text:
+                assert time.monotonic() < deadline, "the snapshot was never dropped"
+                (state / "engine_0.json").write_bytes(_out_of_range("engine_0"))
+                async with s.get(r.url + "/metrics") as resp:
+                    assert resp.status == 200
+                    text = await resp.text()
+                await asyncio.sleep(0.02)
+            # A fresh, valid snapshot still arrives after the bad one.
+            while 'agentic_router_feed_fresh{engine="engine_0"} 1' not in text:
+                assert time.monotonic() < deadline, "no fresh snapshot after the bad one"
+                writer.publish(make_state("engine_0"))
+                async with s.get(r.url + "/metrics") as resp:
+                    assert resp.status == 200
+                    text = await resp.text()
+                await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+
+
+def test_the_migration_target_scorer_never_sees_an_impossible_number(tmp_path: Path) -> None:
+    """unified_v3 scores decode targets from the snapshot's decodes: with 10**400
+    accepted it raised OverflowError on every decision."""
+    state = tmp_path / "state"
+    state.mkdir()
+    now = time.time()
+    router = Router(["w0", "w1", "w2"], "unified_v3", clock=time.time)
+    for i in range(3):
+        raw = make_state(f"engine_{i}", ts=now, num_running=4, num_decoding=4).to_json()
+        if i == 1:
+            raw = raw.replace(b'"num_decoding":4', b'"num_decoding":1' + b"0" * 400)
+            raw = raw.replace(b'"num_running":4', b'"num_running":1' + b"0" * 400)
+        (state / f"engine_{i}.json").write_bytes(raw)
+
+    async def poll() -> dict[str, int]:
+        feed = StateFeed(router, state.as_uri())
+        try:
+            await feed.poll_once()
+        finally:
+            await feed.stop()
+        return dict(feed.drops)
+
+    drops = asyncio.run(poll())
+    blocks = tuple(range(1, 65))
+    home = RoutingRequest("s-0", "s", len(blocks) * 64, blocks, 64, 400)
+    router.add_request(home, 0)
+    router.mark_prefill_completed("s-0")
+    router.free("s-0")
+    for i in range(6):
+        busy = RoutingRequest(f"h{i}", None, 100, (), 64, 500)
+        router.add_request(busy, 0)
+        router.mark_prefill_completed(busy.request_id)
+    decision = router.decide(RoutingRequest("s-1", "s", len(blocks) * 64, blocks, 64, 400))
+    assert decision.worker == 0
+    assert decision.decode_worker is not None
+    assert router.instance_state(1).real is None
+    assert drops == {DropReason.OUT_OF_RANGE: 1}
