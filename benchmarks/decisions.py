@@ -114,20 +114,24 @@ def _state(engine: int, now: float, rng: random.Random) -> EngineState:
     )
 
 
-def _builder(config: RouterConfig) -> Callable[[str, dict[str, Any], str], RoutingRequest]:
-    """build_routing_request as the proxy calls it (with the per-session prefix memo
-    when this version of the router has one)."""
-    params = inspect.signature(build_routing_request).parameters
-    extra: dict[str, Any] = {}
-    if "memo" in params:
+def _builder(config: RouterConfig) -> tuple[Callable[..., RoutingRequest], Any]:
+    """build_routing_request as the proxy calls it, and the per-session prefix memo it
+    passes (None on a version of the router without one)."""
+    memo: Any = None
+    if "memo" in inspect.signature(build_routing_request).parameters:
         from agentic_router.prefix import TextChainMemo
 
-        extra["memo"] = TextChainMemo()
+        memo = TextChainMemo()
+    extra = {} if memo is None else {"memo": memo}
 
     def build(rid: str, body: dict[str, Any], session: str) -> RoutingRequest:
         return build_routing_request(rid, body, session_id=session, config=config, **extra)
 
-    return build
+    return build, memo
+
+
+def _memo_counts(memo: Any) -> dict[str, int] | None:
+    return None if memo is None else {"hits": memo.hits, "misses": memo.misses}
 
 
 def _serialiser() -> Callable[[dict[str, Any]], object]:
@@ -161,7 +165,7 @@ def bench_decisions(
         clock=clock,
         plugin_manager=make_plugin_manager(load_entry_points=False),
     )
-    build = _builder(config)
+    build, memo = _builder(config)
     gen = Sessions(prompt_bytes)
     turn = [0] * sessions
     live: list[str] = [""] * sessions
@@ -217,13 +221,14 @@ def bench_decisions(
         "us": {name: _stats(v) for name, v in stages.items()},
         "parse_us": _stats(parse),
         "registry_blocks": router.registry.total_blocks(),
+        "prefix_memo": _memo_counts(memo),
     }
 
 
 def bench_prefix(prompt_bytes: int, sessions: int) -> dict[str, Any]:
     """build_routing_request on a session's first turn and on its next turn."""
     config = RouterConfig(block_size=BLOCK)
-    build = _builder(config)
+    build, memo = _builder(config)
     gen = Sessions(prompt_bytes)
     perf = time.perf_counter_ns
     first: list[int] = []
@@ -242,6 +247,7 @@ def bench_prefix(prompt_bytes: int, sessions: int) -> dict[str, Any]:
         "blocks": blocks,
         "first_turn_us": _stats(first),
         "next_turn_us": _stats(nxt),
+        "prefix_memo": _memo_counts(memo),
     }
 
 
