@@ -33,6 +33,7 @@ SPECIAL: dict[str, Any] = {
     "engine_state_uri": "file:///tmp/agentic-state-test",
     "host": "127.0.0.2",
     "admin_token": "s3cret",
+    "admin_token_file": str(Path(__file__).parents[1] / "data" / "admin-token.txt"),
     "session_headers": ["x-tenant-session"],
     "session_fields": ["metadata.session"],
     "log_dir": "/tmp/agentic-router-logs",
@@ -132,6 +133,26 @@ def test_flag_beats_env_beats_yaml_for_a_routing_knob(tmp_path: Path) -> None:
     # a routing flag wins over the same knob given as a router option
     cfg = load_config(_parse([*base, "--router-option", "overload_factor=3"]), env={})
     assert router_config(cfg, ["engine_0"]).overload_factor == 1.5
+
+
+def test_the_admin_token_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    """Out of ps: the token file's content (whitespace stripped) or AGENTIC_ADMIN_TOKEN;
+    an empty or unreadable file, or a token given twice, is refused."""
+    path = SPECIAL["admin_token_file"]
+    cfg = load_config(_parse(["--engine", ENGINE, "--admin-token-file", path]), env={})
+    assert cfg.admin_token == "token-from-a-file"
+    assert "token-from-a-file" not in str(cfg.redacted())
+    cfg = load_config(_parse(["--engine", ENGINE]), env={"AGENTIC_ADMIN_TOKEN": "from-env"})
+    assert cfg.admin_token == "from-env"
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for argv, env, needle in (
+        (["--admin-token-file", str(empty)], {}, "is empty"),
+        (["--admin-token-file", str(tmp_path / "missing")], {}, "No such file"),
+        (["--admin-token-file", path], {"AGENTIC_ADMIN_TOKEN": "x"}, "once"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            load_config(_parse(["--engine", ENGINE, *argv]), env=env)
 
 
 def test_secrets_are_masked() -> None:

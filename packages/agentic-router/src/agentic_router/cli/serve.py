@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if getattr(args, "admin_token", None) is not None:
+        logging.getLogger("agentic_router.server").warning(
+            "--admin-token on the command line is visible to every local user (ps); "
+            "use --admin-token-file or AGENTIC_ADMIN_TOKEN"
+        )
     from aiohttp import web
 
     from agentic_router.server._app import create_app

@@ -119,10 +119,20 @@ class ServerConfig:
         "engine-state feed URI (file:///dev/shm/..., redis://...); unset = feed off",
         env="AGENTIC_ENGINE_STATE_URI",
     )
-    host: str = setting("0.0.0.0", "address to listen on")
+    host: str = setting(
+        "127.0.0.1",
+        "address to listen on; 0.0.0.0 (or ::) serves other hosts",
+        why="nothing but /state is authenticated: expose the router deliberately",
+    )
     port: int = setting(8000, "port to listen on")
     admin_token: str | None = setting(
-        None, "bearer token for GET /state; /state answers 403 while unset", secret=True
+        None,
+        "bearer token for GET /state; /state answers 403 while unset. A flag is visible in "
+        "ps: prefer the environment or --admin-token-file",
+        secret=True,
+    )
+    admin_token_file: str | None = setting(
+        None, "file holding the admin token (surrounding whitespace ignored)"
     )
     max_body_bytes: int = setting(
         32 * 1024 * 1024,
@@ -195,6 +205,11 @@ class ServerConfig:
             _settings.validate(self)
         except SettingError as exc:
             raise ConfigError(str(exc)) from None
+        if self.admin_token_file is not None:
+            if self.admin_token is not None:
+                raise ConfigError("give the admin token once: admin_token or admin_token_file")
+            # frozen: the token read from the file becomes the setting's value
+            object.__setattr__(self, "admin_token", _read_token(self.admin_token_file))
         if self.max_buffered_body_bytes < self.max_body_bytes:
             raise ConfigError(
                 f"max_buffered_body_bytes ({self.max_buffered_body_bytes}) must be at least "
@@ -244,6 +259,17 @@ class ServerConfig:
     def redacted(self) -> dict[str, Any]:
         """The settings as JSON-able data, with secrets hidden (for /state and logs)."""
         return _settings.redacted(self)
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot read admin_token_file {path}: {reason}") from None
+    if not token:
+        raise ConfigError(f"admin_token_file {path} is empty")
+    return token
 
 
 def _check_engine_url(url: str) -> None:
