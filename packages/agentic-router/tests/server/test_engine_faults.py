@@ -10,11 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from agentic_router._logs import ADMISSION_EVENTS, read_jsonl
+from agentic_router.hookspecs import hookimpl
+from agentic_router.plugins import make_plugin_manager
+from agentic_router.policy import PolicySpec
 from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
 from .conftest import completion_body, config, eventually, run
@@ -412,5 +417,114 @@ def test_pd_router_made_errors_name_both_engines_of_the_last_attempt() -> None:
             assert "decode_0" in _router_error(status, data, 503)
             assert headers["X-Agentic-Worker"] == "prefill_0"
             assert headers["X-Agentic-Decode-Worker"] == "decode_0"
+
+    run(main())
+
+
+# ---- P/D admission feedback: a refusal is never an admission ----
+
+
+class _DecodeMode:
+    """A decode policy that sends each turn direct-to-D first (then via prefill when
+    asked again, kv_aware's protocol), or always via prefill; it records the
+    admission feedback the proxy gives it."""
+
+    name = "decode_mode_scorer"
+    description = "test: direct-to-D first, or always via prefill"
+
+    def __init__(self, direct_first: bool) -> None:
+        self.direct_first = direct_first
+        self.asked: set[str] = set()
+        self.admissions: list[tuple[bool, str, str]] = []
+
+    def score(self, ctx: Any) -> list[float]:
+        rid = ctx.request.request_id
+        direct = self.direct_first and rid not in self.asked
+        ctx.notes["pd_mode"] = "direct" if direct else "via-prefill"
+        self.asked.add(rid)
+        return [float(w) for w in ctx.candidates]
+
+    @hookimpl
+    def agentic_router_scorers(self, config: Any) -> list[Any]:
+        return [self]
+
+    @hookimpl
+    def agentic_router_policies(self, config: Any) -> list[PolicySpec]:
+        return [PolicySpec("decode_mode", "test", (("decode_mode_scorer", 1.0),))]
+
+    @hookimpl
+    def agentic_router_event(self, router: Any, event: Any) -> None:
+        if event.kind == "admission":
+            p = event.payload
+            self.admissions.append((p["admitted"], p["reason"], p["mode"]))
+
+
+def _logged_admissions(log_dir: Path) -> list[tuple[bool, str]]:
+    return [
+        (a["admitted"], a["reason"])
+        for a in read_jsonl(log_dir / ADMISSION_EVENTS)
+        if a["worker"] == "decode_0"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (429, "backpressure"),
+        (400, "http-400"),
+        (404, "http-404"),
+        (500, "engine-unreachable"),
+        (503, "backpressure"),
+    ],
+)
+def test_a_direct_turn_refused_with_any_status_falls_back_through_prefill(
+    status: int, reason: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        plugin = _DecodeMode(direct_first=True)
+        pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        d.faults.fail_status = status
+        d.faults.fail_count = 1
+        cfg = config(
+            prefill=[p.url], decode=[d.url], decode_policy="decode_mode", log_dir=str(tmp_path)
+        )
+        async with p, d, running_router(cfg, pm) as r:
+            code, headers, data = await _post(r.url, completion_body())
+            assert code == 200, data
+            assert data["choices"][0]["text"] == " t0 t1 t2 t3 t4"
+            assert len(p.requests) == 1  # the fallback went through P
+            assert headers["X-Agentic-Decode-Worker"] == "decode_0"
+            assert r.active_requests() == 0
+        assert plugin.admissions == [(False, reason, "direct"), (True, "ok", "via-prefill")]
+        assert _logged_admissions(tmp_path) == [(False, reason), (True, "ok")]
+
+    run(main())
+
+
+@pytest.mark.parametrize(("status", "reason"), [(429, "backpressure"), (422, "http-422")])
+def test_a_decode_refusal_via_prefill_is_reported_as_a_refusal(
+    status: int, reason: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        plugin = _DecodeMode(direct_first=False)
+        pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        d.faults.fail_status = status
+        cfg = config(
+            prefill=[p.url], decode=[d.url], decode_policy="decode_mode", log_dir=str(tmp_path)
+        )
+        async with p, d, running_router(cfg, pm) as r:
+            code, headers, data = await _post(r.url, completion_body())
+            # the engine's own refusal reaches the client, with who refused it
+            assert code == status
+            assert data["message"] == f"injected failure {status}"
+            assert headers["X-Agentic-Decode-Worker"] == "decode_0"
+            assert r.active_requests() == 0
+        assert plugin.admissions
+        assert set(plugin.admissions) == {(False, reason, "via-prefill")}
+        assert _logged_admissions(tmp_path) == [(False, reason)] * len(plugin.admissions)
 
     run(main())

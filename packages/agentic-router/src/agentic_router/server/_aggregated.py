@@ -75,4 +75,4 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
     acct.count(ctx, f"engine_{last.status}")
     # X-Agentic-Worker names the engine(s) of the last attempt; a request that
     # reached no engine (the 503 above) carries none.
-    return json_error(last.status, last.message, headers=acct.worker_headers(ctx))
+    return last.response(acct.worker_headers(ctx))

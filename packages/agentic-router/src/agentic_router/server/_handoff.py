@@ -158,7 +158,7 @@ async def _read_prefill(
     status = upstream.status
     if status != 200:
         text = data[:500].decode("utf-8", "replace")
-        retriable = status >= 500  # P produced nothing: another pair may try
+        retriable = status >= 500 or status == 429  # another pair may take it
         if status >= 500:
             acct.record_failure(ep, f"http_{status}", text)
         raise SideFailure(
@@ -167,6 +167,8 @@ async def _read_prefill(
                 status if status < 500 else 502,
                 f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
                 retriable=retriable,
+                answer=None if status >= 500 else data,
+                content_type=upstream.headers.get("Content-Type", "application/json"),
             ),
         )
     if json_object and not is_json_object(data):

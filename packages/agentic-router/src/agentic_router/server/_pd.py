@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agentic_router.migration.admission import DIRECT, FALLBACK_REASONS
+from agentic_router.migration.admission import DIRECT
 from agentic_router.server._accounting import RequestContext
 from agentic_router.server._handoff import SideFailure, handoff, refusal_reason, with_id
 from agentic_router.server._routing import DECODE, PREFILL
@@ -45,16 +45,14 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
             try:
                 return await _direct(client, ctx, req, dec_d.worker)
             except SideFailure as exc:
+                # The fallback, for a refusal of any status (a capacity reason, a
+                # 429 or other 4xx, a 5xx, no answer): the same turn, asked again,
+                # goes through P. A turn D cannot take directly may still be
+                # served with its KV prefilled elsewhere.
                 last = exc.failure
-                if exc.reason in FALLBACK_REASONS or exc.failure.retriable:
-                    # The fallback: the same turn, asked again, goes through P.
-                    refused = acct.sync_health()
-                    dec_d = core.decide(
-                        with_id(req, base + ":d"), exclude=tried | refused, role=DECODE
-                    )
-                    if dec_d is None:
-                        break
-                else:
+                refused = acct.sync_health()
+                dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
+                if dec_d is None:
                     break
         dec_p = core.decide(with_id(req, base + ":p"), exclude=tried | refused, role=PREFILL)
         if dec_p is None:
@@ -80,7 +78,7 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
     acct.count(ctx, f"engine_{last.status}")
     # X-Agentic-Worker names the engine(s) of the last attempt; a request that
     # reached no engine (the 503 above) carries none.
-    return json_error(last.status, last.message, headers=acct.worker_headers(ctx))
+    return last.response(acct.worker_headers(ctx))
 
 
 async def _direct(

@@ -34,7 +34,6 @@ from agentic_router.server._accounting import (
     Accounting,
     Endpoint,
     RequestContext,
-    admission_reason,
 )
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._parse import error_body
@@ -96,14 +95,41 @@ class Deadline:
 
 
 class EngineFailure(Exception):
-    """The engine did not produce a usable answer; `status` is what the client gets."""
+    """The engine did not produce a usable answer; `status` is what the client gets.
 
-    def __init__(self, status: int, message: str, *, retriable: bool = True) -> None:
+    A refusal the engine itself answered (a 4xx) keeps the engine's `answer` and
+    its `content_type`, which the client gets as is if no other engine serves
+    the request: every caller sees every refusal as a failure (so a refusal is
+    never reported as an admission), and the client still sees the engine's
+    own words."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        retriable: bool = True,
+        answer: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retriable = retriable
+        self.answer = answer
+        self.content_type = content_type
         self.slot: int | None = None  # the engine that failed, when not the obvious one
+
+    def response(self, headers: dict[str, str]) -> web.Response:
+        """What the client gets when this was the last attempt: the engine's own
+        refusal, or the router's error in OpenAI's shape."""
+        if self.answer is None:
+            return json_error(self.status, self.message, headers=headers)
+        return web.Response(
+            body=self.answer,
+            status=self.status,
+            headers={"Content-Type": self.content_type, **headers},
+        )
 
 
 def json_error(
@@ -262,7 +288,8 @@ class EngineClient:
         headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
         """Send one request to one engine and relay its answer. Raises EngineFailure
-        only while nothing has been sent to the client (so a retry is safe)."""
+        for any answer but a 200 (a refusal included), and only while nothing has
+        been sent to the client (so a retry is safe)."""
         url = ep.url(ctx.path)
         if headers is None:
             headers = self.headers(ctx)
@@ -318,15 +345,15 @@ class EngineClient:
                 f"{data[:500].decode('utf-8', 'replace')}",
             )
         acct.record_success(ep)  # a 4xx is the engine alive and judging the request
-        acct.count(ctx, f"engine_{status}")
-        acct.admission(ctx, ep.slot, False, admission_reason(status))
-        return web.Response(
-            body=data,
-            status=status,
-            headers={
-                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                **acct.worker_headers(ctx),
-            },
+        raise EngineFailure(
+            status,
+            f"engine {ep.spec.engine_id} answered {status}: "
+            f"{data[:500].decode('utf-8', 'replace')}",
+            # 429: this engine is too busy now, another may not be; any other 4xx
+            # is about the request, which another engine would refuse too
+            retriable=status == 429,
+            answer=data,
+            content_type=upstream.headers.get("Content-Type", "application/json"),
         )
 
     async def _relay_full(
