@@ -528,3 +528,24 @@ def test_a_decode_refusal_via_prefill_is_reported_as_a_refusal(
         assert _logged_admissions(tmp_path) == [(False, reason)] * len(plugin.admissions)
 
     run(main())
+
+
+def test_a_429_is_tried_on_another_engine_without_counting_against_the_busy_one() -> None:
+    async def main() -> None:
+        busy, free = FakeEngine("vllm"), FakeEngine("vllm")
+        busy.faults.fail_status = 429
+        async with busy, free, running_router(config(engines=[busy.url, free.url])) as r:
+            for _ in range(2):  # round robin: one of them lands on `busy` first
+                status, _, data = await _post(r.url, completion_body())
+                assert status == 200
+                assert data["choices"][0]["text"] == " t0 t1 t2 t3 t4"
+            assert len(busy.requests) >= 1
+            assert r.proxy.endpoints[0].breaker.failures_total == 0
+            # with no other engine left, the client gets the engine's own 429
+            busy.faults.fail_status = free.faults.fail_status = 429
+            status, headers, data = await _post(r.url, completion_body())
+            assert status == 429
+            assert data["message"] == "injected failure 429"
+            assert headers["X-Agentic-Worker"] in ("engine_0", "engine_1")
+
+    run(main())
