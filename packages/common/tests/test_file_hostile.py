@@ -103,8 +103,10 @@ def test_a_blocking_read_misses_its_deadline_and_holds_one_thread_only() -> None
     """BlockingCall: a read stuck in the kernel is abandoned at the deadline, no
     second thread starts while it is stuck, and the next read after it returns works."""
     release = threading.Event()
-    calls = BlockingCall("test")
-    started = threading.active_count()
+    calls = BlockingCall("blocking-test")
+
+    def readers() -> int:
+        return sum(t.name == "agentic-read-blocking-test" for t in threading.enumerate())
 
     async def scenario() -> None:
         with pytest.raises(TimeoutError):
@@ -112,7 +114,7 @@ def test_a_blocking_read_misses_its_deadline_and_holds_one_thread_only() -> None
                 await calls.run(release.wait)
         with pytest.raises(ReadInProgressError):
             await calls.run(lambda: 1)
-        assert threading.active_count() == started + 1
+        assert readers() == 1
         release.set()
         deadline = asyncio.get_running_loop().time() + 10
         while True:

@@ -88,10 +88,11 @@ def test_bad_files_are_dropped_by_reason_and_never_raise(uri: str, tmp_path: Pat
     reader = open_reader(uri)
     assert set(reader.read_all()) == {"engine_ok"}
     assert reader.drops == {
-        DropReason.MALFORMED: 2,
+        DropReason.MALFORMED: 1,
         DropReason.UNKNOWN_SCHEMA: 1,
         DropReason.IMPOSSIBLE: 1,
         DropReason.NOT_REGULAR: 1,
+        DropReason.TOO_LARGE: 1,
     }
 
 

@@ -50,18 +50,25 @@ def test_read_all_is_one_round_trip_for_many_engines(redis_uri: str) -> None:
     for i in range(512):
         writer.publish(make_state(f"engine_{i}"))
     reader = open_reader(redis_uri)
+    reader.limits.max_entries = 1024
     reader.read_all()  # loads the script
     admin = redis.Redis.from_url(redis_uri)
     admin.config_resetstat()
     assert len(reader.read_all()) == 512
     stats = admin.info("commandstats")
     commands = {k: v["calls"] for k, v in stats.items()}
-    # One EVALSHA from the client; the index read and the batched MGETs run
-    # inside it on the server; the rest is this test's own admin calls.
+    # One EVALSHA from the client; the index read and the bounded reads of
+    # each key run inside it on the server; the rest is this test's own calls.
     assert commands.pop("cmdstat_evalsha") == 1
-    assert commands.pop("cmdstat_zrangebyscore") == 1
-    assert commands.pop("cmdstat_mget") == 2  # 512 keys in batches of 500
-    assert set(commands) <= {"cmdstat_info", "cmdstat_config|resetstat"}
+    assert commands.pop("cmdstat_zrevrangebyscore") == 1
+    assert commands.pop("cmdstat_get") == 512
+    assert set(commands) <= {
+        "cmdstat_info",
+        "cmdstat_config|resetstat",
+        "cmdstat_zcount",
+        "cmdstat_type",
+        "cmdstat_strlen",
+    }
 
 
 def test_keys_expire_server_side_when_an_engine_dies(redis_uri: str) -> None:

@@ -216,10 +216,10 @@ def test_deep_nesting_under_the_size_cap_is_malformed_not_a_recursion_error() ->
     assert info.value.reason == DropReason.MALFORMED
 
 
-def test_oversize_payload_is_malformed_without_parsing() -> None:
+def test_oversize_payload_is_too_large_without_parsing() -> None:
     with pytest.raises(InvalidStateError) as info:
         EngineState.from_json(b" " * (MAX_ENCODED_BYTES + 1))
-    assert info.value.reason == DropReason.MALFORMED
+    assert info.value.reason == DropReason.TOO_LARGE
 
 
 def test_unknown_extra_fields_are_ignored_for_forward_compatibility() -> None:

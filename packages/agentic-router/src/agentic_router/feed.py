@@ -73,6 +73,9 @@ class StateFeed:
         else:
             freshness = Freshness(max_age_s=router.config.max_age_s, clock=router.clock)
             self.reader = open_async_reader(source, freshness)
+        # The configured engines are read on every poll, whatever else the
+        # store holds; strangers are read up to the reader's cap and counted.
+        self.reader.prefer(router.engine_ids)
         self.period_s = router.config.feed_period_s if period_s is None else period_s
         if self.period_s <= 0:
             raise ValueError(f"feed period must be positive, got {self.period_s}")

@@ -207,6 +207,11 @@ class Router:
         return self._engine_map.get(engine_id)
 
     @property
+    def engine_ids(self) -> tuple[str, ...]:
+        """The engine ids the feed maps to workers (what a reader reads first)."""
+        return tuple(self._engine_map)
+
+    @property
     def anomalies(self) -> Counter[str]:
         return self.state.anomalies
 

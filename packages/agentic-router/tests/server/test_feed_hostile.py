@@ -171,3 +171,29 @@ def test_the_migration_target_scorer_never_sees_an_impossible_number(tmp_path: P
     assert decision.decode_worker is not None
     assert router.instance_state(1).real is None
     assert drops == {DropReason.OUT_OF_RANGE: 1}
+
+
+def test_a_store_full_of_strangers_still_feeds_the_configured_engines(tmp_path: Path) -> None:
+    """2,000 unmapped snapshots used to be read on every poll (~4 polls/s) and the real
+    engines went stale; now the configured engines are read first and the
+    strangers only up to the reader's cap, the rest counted."""
+    state = tmp_path / "state"
+    writer = open_writer(state.as_uri())
+    for i in range(2000):
+        writer.publish(make_state(f"stranger_{i}"))
+    router = Router(["w0", "w1"], "round_robin", clock=time.time)
+
+    async def poll() -> dict[str, int]:
+        feed = StateFeed(router, state.as_uri())
+        try:
+            writer.publish(make_state("engine_0"))
+            writer.publish(make_state("engine_1"))
+            await feed.poll_once()
+        finally:
+            await feed.stop()
+        return dict(feed.drops)
+
+    drops = asyncio.run(poll())
+    assert router.instance_state(0).fresh
+    assert router.instance_state(1).fresh
+    assert drops.get(DropReason.OVER_CAP, 0) > 0

@@ -8,18 +8,20 @@ Zero third-party dependencies.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import threading
 from pathlib import Path
 
-from agentic_common._schema import ENGINE_ID_PATTERN, MAX_ENCODED_BYTES, DropReason
+from agentic_common._schema import ENGINE_ID_PATTERN, DropReason
 from agentic_common._transport import (
     AsyncStateReader,
     BlockingCall,
     Fetched,
     Freshness,
     RawEntry,
+    ReadLimits,
     StateReader,
     StateWriter,
 )
@@ -85,12 +87,13 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _read_entry(dir_fd: int, name: str, max_bytes: int) -> RawEntry:
-    engine_id = name[: -len(SUFFIX)]
+def _read_entry(dir_fd: int, engine_id: str, max_bytes: int) -> RawEntry | None:
+    """One `<engine_id>.json`, bounded; None when there is no such entry."""
+    name = engine_id + SUFFIX
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
-        return RawEntry(engine_id, None)  # vanished: an engine that left
+        return None  # vanished, or never there: an engine that left
     except PermissionError:
         return RawEntry(engine_id, b"")  # present but unreadable: counted as malformed
     except OSError:  # ELOOP (a symlink), ENXIO (a socket), ...
@@ -98,10 +101,13 @@ def _read_entry(dir_fd: int, name: str, max_bytes: int) -> RawEntry:
     try:
         # fstat on the open descriptor, not the name: the entry cannot be
         # swapped for something else between the check and the read.
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return RawEntry(engine_id, None, DropReason.NOT_REGULAR)
-        # One byte past the cap, so an oversize file is detected (and dropped)
-        # without reading all of it.
+        if info.st_size > max_bytes:
+            return RawEntry(engine_id, None, DropReason.TOO_LARGE)
+        # One byte past the cap, so a file that grew since fstat is detected
+        # (and dropped) without reading all of it.
         chunks: list[bytes] = []
         left = max_bytes + 1
         while left > 0:
@@ -110,30 +116,69 @@ def _read_entry(dir_fd: int, name: str, max_bytes: int) -> RawEntry:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return RawEntry(engine_id, b"".join(chunks))
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            return RawEntry(engine_id, None, DropReason.TOO_LARGE)
+        return RawEntry(engine_id, data)
     finally:
         os.close(fd)
 
 
-def _read_directory(directory: Path, max_bytes: int = MAX_ENCODED_BYTES) -> Fetched:
+def _is_regular(dir_fd: int, name: str) -> bool | None:
+    """lstat: is `name` a regular file (None: it does not exist)? Checked before
+    opening, so that a device node named *.json is never even opened."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    return stat.S_ISREG(mode)
+
+
+def _read_directory(directory: Path, limits: ReadLimits | None = None) -> Fetched:
+    limits = limits or ReadLimits()
     fetched = Fetched()
+    entries = fetched.entries
     dir_fd = os.open(directory, _DIR_FLAGS)
     try:
-        with os.scandir(dir_fd) as entries:
-            for entry in entries:
-                name = entry.name
+        preferred = set(limits.preferred)
+        for engine_id in limits.preferred:
+            if not ENGINE_ID_PATTERN.match(engine_id):
+                continue
+            regular = _is_regular(dir_fd, engine_id + SUFFIX)
+            if regular is False:
+                entries.append(RawEntry(engine_id, None, DropReason.NOT_REGULAR))
+            elif regular:
+                entry = _read_entry(dir_fd, engine_id, limits.max_bytes)
+                if entry is not None:
+                    entries.append(entry)
+        others = 0
+        # Listing is cheap (names and types from one getdents), but bounded too:
+        # past this many names the rest of a huge directory is not even listed.
+        list_limit = 16 * limits.max_entries + len(preferred)
+        with os.scandir(dir_fd) as listing:
+            for listed, item in enumerate(listing):
+                if listed >= list_limit:
+                    break
+                name = item.name
                 if name.startswith(".") or not name.endswith(SUFFIX):
                     continue  # temp files and strangers
+                engine_id = name[: -len(SUFFIX)]
+                if engine_id in preferred:
+                    continue
+                others += 1
+                if others > limits.max_entries:
+                    fetched.over_cap += 1
+                    continue
                 try:
-                    regular = entry.is_file(follow_symlinks=False)
+                    regular = item.is_file(follow_symlinks=False)
                 except OSError:
                     regular = False
                 if not regular:  # skip before opening: a device must not even be opened
-                    fetched.entries.append(
-                        RawEntry(name[: -len(SUFFIX)], None, DropReason.NOT_REGULAR)
-                    )
+                    entries.append(RawEntry(engine_id, None, DropReason.NOT_REGULAR))
                     continue
-                fetched.entries.append(_read_entry(dir_fd, name, max_bytes))
+                entry = _read_entry(dir_fd, engine_id, limits.max_bytes)
+                if entry is not None:
+                    entries.append(entry)
     finally:
         os.close(dir_fd)
     return fetched
@@ -149,7 +194,7 @@ class FileStateReader(StateReader):
         return self.directory.as_uri()
 
     def _fetch_raw(self) -> Fetched:
-        return _read_directory(self.directory)
+        return _read_directory(self.directory, self.limits)
 
 
 class AsyncFileStateReader(AsyncStateReader):
@@ -166,4 +211,5 @@ class AsyncFileStateReader(AsyncStateReader):
         return self.directory.as_uri()
 
     async def _fetch_raw(self) -> Fetched:
-        return await self._call.run(lambda: _read_directory(self.directory))
+        limits = dataclasses.replace(self.limits)  # the thread reads a copy
+        return await self._call.run(lambda: _read_directory(self.directory, limits))

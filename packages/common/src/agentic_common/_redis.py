@@ -5,7 +5,8 @@ Layout (the `{...}` hash tag keeps every key in one cluster slot):
                            vanishes server-side;
   {prefix}:index           a sorted set engine_id -> last publish time, so a
                            reader fetches every engine in one round trip (one
-                           EVALSHA that reads the index and MGETs the keys).
+                           EVALSHA that reads the index and the keys, bounded
+                           in entries and bytes: _READ_ALL_LUA).
 
 Every call has a socket timeout; after a failure, calls are skipped for an
 exponentially growing backoff (the engine's publisher must not spend its
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from agentic_common._schema import ENGINE_ID_PATTERN
+from agentic_common._schema import ENGINE_ID_PATTERN, DropReason
 from agentic_common._transport import (
     AsyncStateReader,
     Fetched,
     Freshness,
     RawEntry,
+    ReadLimits,
     StateReader,
     StateWriter,
 )
@@ -36,23 +38,61 @@ DEFAULT_TTL_MS = 5000
 DEFAULT_TIMEOUT_MS = 200
 INDEX_WINDOW_S = 600.0  # index entries older than this are pruned by writers
 
-# Reads the index and MGETs the snapshots in batches (Lua's unpack() has a
-# stack limit of a few thousand arguments). Expired keys come back as nil.
+# One round trip per poll, bounded server-side: the preferred ids (ARGV[5..])
+# first, then the most recently published index entries up to ARGV[3]; a value
+# longer than ARGV[4] bytes, or a key of another type, is reported by a code
+# (its bytes never leave Redis). Reply: {over_cap, id1, v1, id2, v2, ...} where
+# v is the value or 0 (missing: expired), 1 (wrong type), 2 (too large),
+# 3 (an index member too long to be an engine id).
 _READ_ALL_LUA = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')
-local out = {}
-local n = #ids
-local i = 1
-while i <= n do
-  local j = math.min(i + 499, n)
-  local keys = {}
-  for k = i, j do keys[#keys + 1] = ARGV[2] .. ids[k] end
-  local vals = redis.call('MGET', unpack(keys))
-  for k = 1, #keys do out[#out + 1] = vals[k] end
-  i = j + 1
+local prefix = ARGV[2]
+local cap = tonumber(ARGV[3])
+local max_bytes = tonumber(ARGV[4])
+local out = {0}
+local seen = {}
+local function fetch(id)
+  out[#out + 1] = id
+  if #id > 128 then out[#out + 1] = 3 return end
+  local key = prefix .. id
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'none' then out[#out + 1] = 0
+  elseif t ~= 'string' then out[#out + 1] = 1
+  elseif redis.call('STRLEN', key) > max_bytes then out[#out + 1] = 2
+  else out[#out + 1] = redis.call('GET', key) end
 end
+local preferred = 0
+local covered = 0
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  if not seen[id] then
+    seen[id] = true
+    preferred = preferred + 1
+    local score = redis.call('ZSCORE', KEYS[1], id)
+    if score and tonumber(score) >= tonumber(ARGV[1]) then covered = covered + 1 end
+    fetch(id)
+  end
+end
+local total = redis.call('ZCOUNT', KEYS[1], ARGV[1], '+inf')
+local ids = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', ARGV[1], 'LIMIT', 0, cap + preferred)
+local others = 0
+for _, id in ipairs(ids) do
+  if not seen[id] and others < cap then
+    seen[id] = true
+    others = others + 1
+    covered = covered + 1
+    if #id > 128 then
+      out[#out + 1] = ''
+      out[#out + 1] = 3
+    else
+      fetch(id)
+    end
+  end
+end
+out[1] = math.max(0, total - covered)
 return out
 """
+
+_SKIPPED = {1: DropReason.WRONG_TYPE, 2: DropReason.TOO_LARGE, 3: DropReason.MALFORMED}
 
 
 class BackoffActiveError(ConnectionError):
@@ -197,13 +237,13 @@ class RedisStateReader(StateReader):
     def uri(self) -> str:
         return self.target.redacted
 
+    def _script_args(self) -> list[str | int | float]:
+        return _script_args(self.target, self.limits)
+
     def _fetch_raw(self) -> Fetched:
         self._backoff.check()
         try:
-            result = self._script(
-                keys=[self.target.index_key],
-                args=[time.time() - INDEX_WINDOW_S, self.target.state_key_prefix],
-            )
+            result = self._script(keys=[self.target.index_key], args=self._script_args())
         except Exception:
             self._backoff.failed()
             raise
@@ -230,13 +270,13 @@ class AsyncRedisStateReader(AsyncStateReader):
     def uri(self) -> str:
         return self.target.redacted
 
+    def _script_args(self) -> list[str | int | float]:
+        return _script_args(self.target, self.limits)
+
     async def _fetch_raw(self) -> Fetched:
         self._backoff.check()
         try:
-            result = await self._script(
-                keys=[self.target.index_key],
-                args=[time.time() - INDEX_WINDOW_S, self.target.state_key_prefix],
-            )
+            result = await self._script(keys=[self.target.index_key], args=self._script_args())
         except Exception:
             self._backoff.failed()
             raise
@@ -247,7 +287,26 @@ class AsyncRedisStateReader(AsyncStateReader):
         await self._client.aclose()
 
 
+def _script_args(target: RedisTarget, limits: ReadLimits) -> list[str | int | float]:
+    return [
+        time.time() - INDEX_WINDOW_S,
+        target.state_key_prefix,
+        limits.max_entries,
+        limits.max_bytes,
+        *limits.preferred,
+    ]
+
+
 def _as_payloads(result: Any) -> Fetched:
-    if not isinstance(result, list):
+    if not isinstance(result, list) or not result or not isinstance(result[0], int):
         raise TypeError(f"unexpected script reply {type(result).__name__}")
-    return Fetched([RawEntry("", v if isinstance(v, bytes) else None) for v in result])
+    fetched = Fetched(over_cap=result[0])
+    for i in range(1, len(result) - 1, 2):
+        raw_id, value = result[i], result[i + 1]
+        name = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else str(raw_id)
+        if isinstance(value, bytes):
+            fetched.entries.append(RawEntry(name, value))
+        elif value in _SKIPPED:
+            fetched.entries.append(RawEntry(name, None, _SKIPPED[value]))
+        # else 0: expired since it was indexed, an engine that left (not a drop)
+    return fetched

@@ -63,6 +63,9 @@ class DropReason:
     # Entries the transport refused to read at all (docs/operations.md):
     NOT_REGULAR: Final = "not_regular"  # a FIFO, socket, symlink or directory named *.json
     OUT_OF_RANGE: Final = "out_of_range"  # a number past any engine's (10**400 running)
+    TOO_LARGE: Final = "too_large"  # over MAX_ENCODED_BYTES: not read past the bound
+    OVER_CAP: Final = "over_cap"  # entries past a poll's max_entries, not read at all
+    WRONG_TYPE: Final = "wrong_type"  # a Redis key that holds a hash, list, ... not a string
     TIMEOUT: Final = "timeout"  # a poll that missed its deadline (the store hangs)
 
     ALL: Final = (
@@ -75,6 +78,9 @@ class DropReason:
         NOT_REGULAR,
         TIMEOUT,
         OUT_OF_RANGE,
+        TOO_LARGE,
+        OVER_CAP,
+        WRONG_TYPE,
     )
 
 
@@ -214,7 +220,7 @@ class EngineState:
     def from_json(cls, data: bytes | str) -> EngineState:
         """Decode and validate; raise InvalidStateError with the drop reason."""
         if len(data) > MAX_ENCODED_BYTES:
-            raise InvalidStateError(DropReason.MALFORMED, f"{len(data)} bytes is too large")
+            raise InvalidStateError(DropReason.TOO_LARGE, f"{len(data)} bytes is too large")
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:

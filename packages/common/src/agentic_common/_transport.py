@@ -14,11 +14,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from agentic_common._schema import DropReason, EngineState, InvalidStateError
+from agentic_common._schema import MAX_ENCODED_BYTES, DropReason, EngineState, InvalidStateError
 
 log = logging.getLogger("agentic_common")
 
@@ -28,6 +28,10 @@ FAILURE_LOG_INTERVAL_S = 10.0
 # Every async poll ends by this deadline, whatever the store does: a feed that
 # waits on a hung store keeps serving stale state and cannot be shut down.
 DEFAULT_POLL_TIMEOUT_S = 1.0
+# Entries read per poll besides the ones the reader was told to prefer (the
+# engines a router is configured with, always read): a store holding thousands
+# of strangers costs one bounded read, and the rest is counted as over_cap.
+DEFAULT_MAX_ENTRIES = 256
 
 T = TypeVar("T")
 
@@ -126,6 +130,17 @@ class Fetched:
     """What one transport read returned."""
 
     entries: list[RawEntry] = field(default_factory=list)
+    over_cap: int = 0  # entries present but not read: past max_entries
+
+
+@dataclass
+class ReadLimits:
+    """What one poll may read: `preferred` ids first (always), then at most
+    `max_entries` others, each at most `max_bytes` (never transferred past it)."""
+
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    max_bytes: int = MAX_ENCODED_BYTES
+    preferred: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +187,8 @@ class _Validator:
     def accept(self, fetched: Fetched) -> dict[str, EngineState]:
         now = self.freshness.clock()
         fresh: dict[str, EngineState] = {}
+        if fetched.over_cap:
+            self.drops[DropReason.OVER_CAP] += fetched.over_cap
         for entry in fetched.entries:
             if entry.skipped is not None:
                 self.drops[entry.skipped] += 1
@@ -213,10 +230,15 @@ class StateReader(ABC):
     def __init__(self, freshness: Freshness | None = None) -> None:
         self._validator = _Validator(freshness or Freshness())
         self._fail_log = RateLimitedLog()
+        self.limits = ReadLimits()
 
     @property
     def drops(self) -> Counter[str]:
         return self._validator.drops
+
+    def prefer(self, engine_ids: Iterable[str]) -> None:
+        """Read these ids first on every poll, whatever else the store holds."""
+        self.limits.preferred = tuple(dict.fromkeys(engine_ids))
 
     @property
     def freshness(self) -> Freshness:
@@ -254,11 +276,16 @@ class AsyncStateReader(ABC):
     def __init__(self, freshness: Freshness | None = None) -> None:
         self._validator = _Validator(freshness or Freshness())
         self._fail_log = RateLimitedLog()
+        self.limits = ReadLimits()
         self.poll_timeout_s = DEFAULT_POLL_TIMEOUT_S
 
     @property
     def drops(self) -> Counter[str]:
         return self._validator.drops
+
+    def prefer(self, engine_ids: Iterable[str]) -> None:
+        """Read these ids first on every poll, whatever else the store holds."""
+        self.limits.preferred = tuple(dict.fromkeys(engine_ids))
 
     @property
     def freshness(self) -> Freshness:

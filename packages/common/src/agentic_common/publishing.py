@@ -212,6 +212,7 @@ class SnapshotPublisher:
             return
         try:
             reader = open_reader(self._uri, Freshness(max_age_s=math.inf, max_skew_s=math.inf))
+            reader.prefer([self.engine_id])  # ours, even in a store full of others
             try:
                 stored = reader.read_all().get(self.engine_id)
             finally:
