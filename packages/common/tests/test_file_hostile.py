@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -126,3 +127,43 @@ def test_a_blocking_read_misses_its_deadline_and_holds_one_thread_only() -> None
                 await asyncio.sleep(0.01)
 
     asyncio.run(scenario())
+
+
+def test_a_snapshot_filed_under_another_engines_name_is_dropped(directory: Path) -> None:
+    """A stray file used to redirect all traffic: its engine_id, not its name, decided
+    which worker it described. It is bound to its name now."""
+    (directory / "engine_stray.json").write_bytes(
+        make_state("engine_real", num_waiting=99).to_json()
+    )
+    reader = open_reader(directory.as_uri())
+    fresh = reader.read_all()
+    assert fresh["engine_real"].num_waiting != 99
+    assert reader.drops == {DropReason.NAME_MISMATCH: 1}
+
+
+def test_a_world_writable_state_directory_is_refused_loudly(
+    directory: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory.chmod(0o777)
+    reader = open_reader(directory.as_uri())
+    writer = open_writer(directory.as_uri())
+    with caplog.at_level(logging.WARNING, logger="agentic_common"):
+        assert reader.read_all() == {}
+        assert not writer.publish(make_state("engine_real"))
+    assert reader.drops == {DropReason.UNSAFE_STORE: 1}
+    assert writer.stats.failures == 1
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "may be written by other users" in messages
+    assert "chmod o-w" in messages
+    directory.chmod(0o700)  # fixed as the message says: read again
+    assert set(reader.read_all()) == {"engine_real"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_a_state_directory_owned_by_another_user_is_refused(directory: Path) -> None:
+    """On a shared /dev/shm anyone can create the default directory before the engine
+    does; its mode may look private, but its owner can write it."""
+    os.chown(directory, 12345, 12345)
+    reader = open_reader(directory.as_uri())
+    assert reader.read_all() == {}
+    assert reader.drops == {DropReason.UNSAFE_STORE: 1}

@@ -108,3 +108,16 @@ def test_keys_of_every_redis_type_are_dropped_as_wrong_type(redis_uri: str) -> N
     assert set(reader.read_all()) == {"engine_0"}
     assert reader.drops == {DropReason.WRONG_TYPE: 5}
     reader.close()
+
+
+def test_a_redis_snapshot_under_another_engines_key_is_dropped(redis_uri: str) -> None:
+    admin = redis.Redis.from_url(redis_uri)
+    target = RedisTarget.parse(redis_uri)
+    open_writer(redis_uri).publish(make_state("engine_0"))
+    admin.set(target.state_key("engine_stray"), make_state("engine_0", num_waiting=99).to_json())
+    admin.zadd(target.index_key, {"engine_stray": time.time()})
+    reader = open_reader(redis_uri)
+    fresh = reader.read_all()
+    assert fresh["engine_0"].num_waiting != 99
+    assert reader.drops == {DropReason.NAME_MISMATCH: 1}
+    reader.close()

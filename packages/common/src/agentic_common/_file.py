@@ -8,6 +8,7 @@ Zero third-party dependencies.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import stat
@@ -24,6 +25,7 @@ from agentic_common._transport import (
     ReadLimits,
     StateReader,
     StateWriter,
+    UnsafeStoreError,
 )
 
 DIR_MODE = 0o700  # snapshots reveal load; only the owning user may list or read them
@@ -53,6 +55,11 @@ class FileStateWriter(StateWriter):
 
     def _put(self, engine_id: str, payload: bytes) -> None:
         target = _engine_file(self.directory, engine_id)
+        # A directory someone else made (or opened up) is refused here too: an
+        # engine's snapshots must not land where others can replace them. One
+        # stat a publish; publish() counts and logs the refusal, never raises.
+        with contextlib.suppress(FileNotFoundError):  # recreated below
+            check_private(self.directory, self.directory.stat())
         tmp = self.directory / f".{engine_id}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             self._write(tmp, payload)
@@ -134,12 +141,31 @@ def _is_regular(dir_fd: int, name: str) -> bool | None:
     return stat.S_ISREG(mode)
 
 
+def check_private(directory: Path, info: os.stat_result) -> None:
+    """Refuse a state directory that users other than its owner may write.
+
+    Whoever can create a file in it can steer the router (a snapshot is trusted
+    as its engine's word) and, on a shared /dev/shm, anyone can pre-create the
+    default directory. So: not world-writable (mode & 0o002), and owned by this
+    user or root. Group write is allowed: a deployment may share the store
+    between service accounts on purpose (docs/operations.md)."""
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o002 or info.st_uid not in (os.geteuid(), 0):
+        raise UnsafeStoreError(
+            f"{directory} may be written by other users (mode {mode:o}, owner uid "
+            f"{info.st_uid}; this process runs as uid {os.geteuid()}): anyone who can "
+            f"write it can steer the router. Fix: remove it and let the engine's "
+            f"publisher create it (mode 700), or chmod o-w it and chown it to this user"
+        )
+
+
 def _read_directory(directory: Path, limits: ReadLimits | None = None) -> Fetched:
     limits = limits or ReadLimits()
     fetched = Fetched()
     entries = fetched.entries
     dir_fd = os.open(directory, _DIR_FLAGS)
     try:
+        check_private(directory, os.fstat(dir_fd))
         preferred = set(limits.preferred)
         for engine_id in limits.preferred:
             if not ENGINE_ID_PATTERN.match(engine_id):

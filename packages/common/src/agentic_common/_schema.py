@@ -66,6 +66,8 @@ class DropReason:
     TOO_LARGE: Final = "too_large"  # over MAX_ENCODED_BYTES: not read past the bound
     OVER_CAP: Final = "over_cap"  # entries past a poll's max_entries, not read at all
     WRONG_TYPE: Final = "wrong_type"  # a Redis key that holds a hash, list, ... not a string
+    NAME_MISMATCH: Final = "name_mismatch"  # engine_id differs from its file name or key
+    UNSAFE_STORE: Final = "unsafe_store"  # a state directory others may write: not read
     TIMEOUT: Final = "timeout"  # a poll that missed its deadline (the store hangs)
 
     ALL: Final = (
@@ -81,6 +83,8 @@ class DropReason:
         TOO_LARGE,
         OVER_CAP,
         WRONG_TYPE,
+        NAME_MISMATCH,
+        UNSAFE_STORE,
     )
 
 

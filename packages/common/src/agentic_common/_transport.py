@@ -169,14 +169,21 @@ class _Validator:
         self.drops: Counter[str] = Counter()
         self.reads = 0
 
-    def classify(self, payload: bytes, now: float) -> tuple[EngineState | None, str]:
-        """Decode one payload: (state, "fresh") or (state or None, the drop reason)."""
+    def classify(
+        self, payload: bytes, now: float, name: str | None = None
+    ) -> tuple[EngineState | None, str]:
+        """Decode one payload: (state, "fresh") or (state or None, the drop reason).
+
+        `name` is the id the store filed it under; a snapshot is bound to it, so
+        one stray file or key cannot speak for another engine."""
         try:
             state = EngineState.from_json(payload)
         except InvalidStateError as exc:
             return None, exc.reason
         except Exception:  # the reader never raises because of what it read
             return None, DropReason.MALFORMED
+        if name is not None and state.engine_id != name:
+            return state, DropReason.NAME_MISMATCH
         age = now - state.ts
         if age > self.freshness.max_age_s:
             return state, DropReason.STALE
@@ -195,7 +202,7 @@ class _Validator:
                 continue
             if entry.payload is None:
                 continue  # vanished between listing and reading: an engine that left
-            state, verdict = self.classify(entry.payload, now)
+            state, verdict = self.classify(entry.payload, now, entry.name)
             if verdict != FRESH:
                 self.drops[verdict] += 1
             elif state is not None:
@@ -212,7 +219,7 @@ class _Validator:
             if entry.skipped is not None:
                 out.append(Inspection(None, entry.skipped, None))
             elif entry.payload is not None:
-                state, verdict = self.classify(entry.payload, now)
+                state, verdict = self.classify(entry.payload, now, entry.name)
                 out.append(Inspection(state, verdict, None if state is None else now - state.ts))
         return out
 
@@ -254,6 +261,9 @@ class StateReader(ABC):
     def read_all(self) -> dict[str, EngineState]:
         try:
             fetched = self._fetch_raw()
+        except UnsafeStoreError as exc:
+            self._fail_log.warning("engine-state store refused: %s", exc)
+            return self._validator.unavailable(DropReason.UNSAFE_STORE)
         except Exception as exc:
             self._fail_log.warning("engine-state read from %s failed: %r", self.uri, exc)
             return self._validator.unavailable()
@@ -311,6 +321,9 @@ class AsyncStateReader(ABC):
                 exc,
             )
             return self._validator.unavailable(DropReason.TIMEOUT)
+        except UnsafeStoreError as exc:
+            self._fail_log.warning("engine-state store refused: %s", exc)
+            return self._validator.unavailable(DropReason.UNSAFE_STORE)
         except Exception as exc:
             self._fail_log.warning("engine-state read from %s failed: %r", self.uri, exc)
             return self._validator.unavailable()
@@ -318,6 +331,10 @@ class AsyncStateReader(ABC):
 
     async def close(self) -> None:
         """Release connections. Idempotent."""
+
+
+class UnsafeStoreError(PermissionError):
+    """The store may be written by someone other than its engines: refused, not read."""
 
 
 class ReadInProgressError(RuntimeError):
