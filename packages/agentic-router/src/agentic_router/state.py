@@ -354,14 +354,19 @@ class PromptRegistry:
     def matched_blocks(self, block_hashes: Sequence[int], candidates: Iterable[int]) -> list[int]:
         """For each candidate worker, how many leading blocks of the chain it holds.
 
-        Holders are bitmasks (bit w = worker w), so one AND per block narrows
-        every worker at once; a worker's depth is recorded when its bit drops.
+        Holders are bitmasks (bit w = worker w), and membership is prefix-closed
+        per worker (a chain's tail is evicted before its head), so a worker holds
+        block i exactly when its depth exceeds i. The depths are found by bisecting
+        the chain for all workers at once: one lookup splits a set of workers into
+        those that hold the middle block and those that do not, so a request costs
+        about (distinct depths x log2(blocks)) lookups, not one per block (a 200 KB
+        prompt is ~800 blocks, and this runs twice per request).
         """
         cands = candidates if isinstance(candidates, list) else list(candidates)
         if not block_hashes:
             return [0] * len(cands)
-        holders = self._holders
-        alive = holders.get(block_hashes[0], 0)
+        get = self._holders.get
+        alive = get(block_hashes[0], 0)
         if alive:
             n = len(self._workers)
             if len(cands) != n:
@@ -372,24 +377,24 @@ class PromptRegistry:
         if not alive:
             return [0] * len(cands)
         depth_of: dict[int, int] = {}
-        depth = 1
-        for h in block_hashes[1:]:
-            nxt = holders.get(h, 0) & alive
-            dropped = alive ^ nxt
-            while dropped:
-                low = dropped & -dropped
-                depth_of[low.bit_length() - 1] = depth
-                dropped ^= low
-            alive = nxt
-            if not alive:
-                break
-            depth += 1
-        while alive:
-            low = alive & -alive
-            depth_of[low.bit_length() - 1] = depth
-            alive ^= low
-        get = depth_of.get
-        return [get(c, 0) for c in cands]
+        # (lo, hi, workers): each of these workers holds lo blocks and at most hi
+        todo = [(1, len(block_hashes), alive)]
+        while todo:
+            lo, hi, mask = todo.pop()
+            if lo == hi:
+                while mask:
+                    low = mask & -mask
+                    depth_of[low.bit_length() - 1] = lo
+                    mask ^= low
+                continue
+            mid = (lo + hi + 1) // 2
+            deeper = get(block_hashes[mid - 1], 0) & mask  # hold block mid-1: depth >= mid
+            if deeper:
+                todo.append((mid, hi, deeper))
+            if deeper != mask:
+                todo.append((lo, mid - 1, mask ^ deeper))
+        found = depth_of.get
+        return [found(c, 0) for c in cands]
 
     def blocks_held(self, worker: int) -> int:
         return len(self._workers[worker].lru)
