@@ -158,8 +158,12 @@ class SseEvents:
     An event is well-formed when each of its lines is a comment or an SSE field
     (`data`, `event`, `id`, `retry`) and its data, if any, is a JSON object
     (`{...}`: checked by its ends, not parsed, to keep per-token cost flat) or
-    `[DONE]`. A stream is complete when `[DONE]` came. An event that never ends
-    within `max_event_bytes` is garbage too (the bytes held back are bounded)."""
+    `[DONE]`. (The ends check misses one case a parse would catch: a torn event
+    fused with the next one into `{...}`.) A stream is complete when `[DONE]`
+    came. An event that never ends within `max_event_bytes` is garbage too (the
+    bytes held back are bounded). A chunk that is one whole `data: {...}` event,
+    the usual case, is accepted without looking at its lines (0.5 us against
+    about 5 us for the line-by-line check, measured here)."""
 
     __slots__ = ("_rest", "done", "max_event_bytes", "problem")
 
@@ -175,6 +179,13 @@ class SseEvents:
         from there on is ever returned."""
         if self.problem:
             return b""
+        if (  # the common case, one whole event per chunk: checked in C, not line by line
+            not self._rest
+            and chunk.startswith(b"data: {")
+            and chunk.endswith(b"}\n\n")
+            and chunk.count(b"\n") == 2
+        ):
+            return chunk
         data = self._rest + chunk if self._rest else chunk
         cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
         if cut < 0:

@@ -1,0 +1,62 @@
+"""SseEvents: however an engine's stream is cut into chunks, the proxy relays the
+same well-formed events, and stops at the first malformed one."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentic_router.server._upstream import SseEvents
+
+_EVENTS = [
+    b'data: {"choices":[{"text":" a"}]}\n\n',
+    b": keep-alive\n\n",
+    b'event: message\r\ndata: {"choices":[{"text":" b"}]}\r\n\r\n',
+    b'data: {"choices":\ndata: [{"text":" c"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+def _relay(stream: bytes, cuts: list[int]) -> tuple[bytes, SseEvents]:
+    events = SseEvents()
+    out = b""
+    start = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        out += events.feed(stream[start:cut]) if cut > start else b""
+        start = max(start, cut)
+    return out + events.finish(), events
+
+
+@given(st.lists(st.integers(0, sum(map(len, _EVENTS))), max_size=12))
+def test_any_chunking_of_a_good_stream_is_relayed_whole(cuts: list[int]) -> None:
+    stream = b"".join(_EVENTS)
+    out, events = _relay(stream, cuts)
+    assert out == stream
+    assert events.done
+    assert not events.problem
+
+
+@given(
+    st.lists(st.integers(0, 200), max_size=8),
+    st.sampled_from([b"<html>oops</html>\n\n", b"data: oops\n\n", b'data: {"a": [1\n\n']),
+)
+def test_relaying_stops_before_the_first_malformed_event(cuts: list[int], bad: bytes) -> None:
+    good = _EVENTS[0] + _EVENTS[1]
+    out, events = _relay(good + bad + _EVENTS[0] + _EVENTS[-1], cuts)
+    assert good.startswith(out)  # never a byte of the malformed event or after it
+    assert events.problem
+    assert not events.done
+
+
+@given(st.lists(st.integers(0, 100), max_size=6))
+def test_a_stream_torn_inside_its_last_event_is_malformed(cuts: list[int]) -> None:
+    out, events = _relay(_EVENTS[0] + b'data: {"choices": [', cuts)
+    assert out == _EVENTS[0]
+    assert events.problem
+
+
+def test_a_stream_without_done_is_not_complete() -> None:
+    out, events = _relay(_EVENTS[0], [])
+    assert out == _EVENTS[0]
+    assert not events.done
+    assert not events.problem
