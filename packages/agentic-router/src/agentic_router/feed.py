@@ -25,17 +25,17 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentic_common import AsyncStateReader, Freshness, open_async_reader
+from agentic_common import AsyncStateReader, EngineState, Freshness, open_async_reader
 from agentic_router.engine_metrics import engine_metrics, parse_prometheus_text
 
 if TYPE_CHECKING:
     from agentic_router.router import Router
 
-__all__ = ["Feed", "MetricsReconciler", "ReconcileStats", "StateFeed"]
+__all__ = ["EngineIdWatch", "Feed", "MetricsReconciler", "ReconcileStats", "StateFeed"]
 
 log = logging.getLogger("agentic_router.feed")
 
@@ -57,6 +57,137 @@ class Feed(Protocol):
     def status(self) -> dict[str, Any]:
         """JSON-able: `mode` and the loop's own counters (for GET /state)."""
         ...
+
+    def problems(self) -> dict[str, str]:
+        """Engine id -> a configuration problem the loop found (for /health, /metrics)."""
+        ...
+
+
+DUPLICATE_PUBLISHERS = "duplicate_publishers"
+NO_SNAPSHOT = "no_snapshot"
+# How long a publisher identity is remembered: one that comes back within this
+# window after another took over means two publishers alternate, not a restart.
+DUPLICATE_WINDOW_S = 30.0
+# A configured engine is reported missing after this many polls and seconds
+# without any snapshot (a few of the plugin's 50 ms publish periods, and long
+# enough that a router started beside its engines does not cry wolf).
+MISSING_AFTER_POLLS = 40
+MISSING_AFTER_S = 2.0
+_SEEN_STRANGERS = 16  # unmapped ids remembered, for the hint
+
+
+class EngineIdWatch:
+    """Catches engine-id mistakes a feed alone would hide, from what each poll read:
+
+    * two publishers under one id (its (host, pid) alternates): on Redis they
+      overwrite one key, and the worker's state flips between two engines;
+    * a configured engine with no snapshot at all: it publishes under another
+      id (the plugin's default is `engine_<dp index>`; P/D pools default to
+      `prefill_i` / `decode_i`), so routing never sees its real state.
+
+    Each problem is logged once per engine, with the fix, and stays listed in
+    `problems` (for /health and /metrics) while it lasts. Never raises."""
+
+    def __init__(self, engine_ids: Sequence[str], clock: Callable[[], float]) -> None:
+        self.engine_ids = tuple(engine_ids)
+        self._clock = clock
+        self._started: float | None = None
+        self._polls = 0
+        self._last: dict[str, tuple[str | None, int]] = {}
+        self._identities: dict[str, dict[tuple[str | None, int], float]] = {}
+        self._duplicate_until: dict[str, float] = {}
+        self._received: set[str] = set()
+        self._strangers: dict[str, None] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    def observe(self, states: Mapping[str, EngineState]) -> None:
+        now = self._clock()
+        if self._started is None:
+            self._started = now
+        self._polls += 1
+        wanted = set(self.engine_ids)
+        for engine_id, st in states.items():
+            if engine_id not in wanted:
+                self._strangers[engine_id] = None
+                while len(self._strangers) > _SEEN_STRANGERS:
+                    del self._strangers[next(iter(self._strangers))]
+                continue
+            self._received.add(engine_id)
+            self._observe_identity(engine_id, (st.host, st.pid), now)
+        if self._polls >= MISSING_AFTER_POLLS and now - self._started >= MISSING_AFTER_S:
+            for engine_id in self.engine_ids:
+                if engine_id not in self._received:
+                    self._report(engine_id, NO_SNAPSHOT)
+
+    def _observe_identity(self, engine_id: str, who: tuple[str | None, int], now: float) -> None:
+        seen = self._identities.setdefault(engine_id, {})
+        last = self._last.get(engine_id)
+        if last is not None and who != last:
+            back = seen.get(who)
+            if back is not None and now - back <= DUPLICATE_WINDOW_S:
+                self._duplicate_until[engine_id] = now + DUPLICATE_WINDOW_S
+                self._report(engine_id, DUPLICATE_PUBLISHERS, last, who)
+        seen[who] = now
+        for old in [k for k, t in seen.items() if now - t > DUPLICATE_WINDOW_S]:
+            del seen[old]
+        self._last[engine_id] = who
+
+    @property
+    def problems(self) -> dict[str, str]:
+        """engine id -> its current problem (duplicate_publishers or no_snapshot)."""
+        now = self._clock()
+        out: dict[str, str] = {}
+        if (
+            self._started is not None
+            and self._polls >= MISSING_AFTER_POLLS
+            and now - self._started >= MISSING_AFTER_S
+        ):
+            for engine_id in self.engine_ids:
+                if engine_id not in self._received:
+                    out[engine_id] = NO_SNAPSHOT
+        for engine_id, until in self._duplicate_until.items():
+            if now <= until:
+                out[engine_id] = DUPLICATE_PUBLISHERS
+        return out
+
+    def _report(
+        self,
+        engine_id: str,
+        problem: str,
+        a: tuple[str | None, int] | None = None,
+        b: tuple[str | None, int] | None = None,
+    ) -> None:
+        if (engine_id, problem) in self._logged:
+            return
+        self._logged.add((engine_id, problem))
+        if problem == DUPLICATE_PUBLISHERS:
+            log.warning(
+                "engine id %r is published by more than one process (%s and %s alternate): "
+                "its worker's state flips between engines. Fix: give every engine its own id "
+                "(AGENTIC_WORKER_ID on each engine, the same id in --engine ID=URL on the "
+                "router; see the README's cluster recipe)",
+                engine_id,
+                _who(a),
+                _who(b),
+            )
+        else:
+            seen = ", ".join(sorted(self._strangers)) or "none"
+            log.warning(
+                "engine %r has published no snapshot since the feed started; ids seen that no "
+                "worker is named by: %s. Fix: start that engine with AGENTIC_WORKER_ID=%s, or "
+                "name it on the router by the id it publishes (--engine/--prefill/--decode "
+                "ID=URL; the plugin's default id is engine_<data-parallel index>)",
+                engine_id,
+                seen,
+                engine_id,
+            )
+
+
+def _who(identity: tuple[str | None, int] | None) -> str:
+    if identity is None:
+        return "?"
+    host, pid = identity
+    return f"pid {pid}" if host is None else f"pid {pid} on {host}"
 
 
 class StateFeed:
@@ -81,6 +212,7 @@ class StateFeed:
             raise ValueError(f"feed period must be positive, got {self.period_s}")
         self.polls = 0
         self.errors: Counter[str] = Counter()
+        self.watch = EngineIdWatch(router.engine_ids, router.clock)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -96,6 +228,7 @@ class StateFeed:
         """Read once and apply; returns how many states were read."""
         states = await self.reader.read_all()
         self.router.apply_engine_states(states)
+        self.watch.observe(states)
         self.polls += 1
         return len(states)
 
@@ -137,7 +270,12 @@ class StateFeed:
             "errors": dict(self.errors),
             "drops": dict(self.reader.drops),
             "running": self.running,
+            "problems": self.problems(),
         }
+
+    def problems(self) -> dict[str, str]:
+        """Engine ids with a configuration problem: duplicate_publishers, no_snapshot."""
+        return self.watch.problems
 
 
 @dataclass
@@ -172,6 +310,9 @@ class MetricsReconciler:
     @property
     def drops(self) -> Counter[str]:
         return Counter()  # a scrape either works or counts as a failure
+
+    def problems(self) -> dict[str, str]:
+        return {}  # a scrape names its engine by URL: no id to get wrong
 
     def status(self) -> dict[str, Any]:
         return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -12,13 +13,15 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import pytest
 
 from agentic_common import DropReason, open_writer
-from agentic_common.testing import free_port, make_state
+from agentic_common.testing import free_port, make_state, redis_server, redis_uri  # noqa: F401
 from agentic_router import Router, RoutingRequest, StateFeed
-from agentic_router.server.testing import FakeEngine, running_router
+from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
 from .conftest import config
 
@@ -197,3 +200,97 @@ def test_a_store_full_of_strangers_still_feeds_the_configured_engines(tmp_path: 
     assert router.instance_state(0).fresh
     assert router.instance_state(1).fresh
     assert drops.get(DropReason.OVER_CAP, 0) > 0
+
+
+_PUBLISH_LOOP = """
+import sys, time
+from agentic_common import open_writer
+from agentic_common.testing import make_state
+writer = open_writer(sys.argv[1])
+seq = 0
+while True:
+    seq += 1
+    writer.publish(make_state(sys.argv[2], seq=seq))
+    time.sleep(0.02)
+"""
+
+
+def _publisher(uri: str, engine_id: str) -> subprocess.Popen[bytes]:
+    """A real publishing process (its own pid), as an engine's plugin would be."""
+    return subprocess.Popen([sys.executable, "-c", _PUBLISH_LOOP, uri, engine_id])
+
+
+async def _health(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(url + "/health") as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+def test_two_publishers_under_one_engine_id_are_reported_once_with_the_fix(
+    redis_uri: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The README recipe made every node publish as engine_0: on Redis they overwrite
+    one key and the worker's state flips between nodes. Nothing said so."""
+    procs = [_publisher(redis_uri, "engine_0"), _publisher(redis_uri, "engine_0")]
+
+    async def main() -> tuple[dict[str, Any], str]:
+        cfg = config(engines=[refused_url()], engine_state_uri=redis_uri)
+        async with running_router(cfg) as r:
+            deadline = time.monotonic() + 30
+            body = await _health(r.url)
+            while "feed_problems" not in body:
+                assert time.monotonic() < deadline, "two publishers were never noticed"
+                await asyncio.sleep(0.05)
+                body = await _health(r.url)
+            async with aiohttp.ClientSession() as s, s.get(r.url + "/metrics") as resp:
+                text = await resp.text()
+            await asyncio.sleep(0.5)  # more alternations: still logged once
+        return body, text
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentic_router.feed"):
+            body, text = asyncio.run(main())
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert body["feed_problems"] == {"engine_0": "duplicate_publishers"}
+    assert (
+        'agentic_router_feed_engine_problem{pool="both",engine="engine_0",'
+        'problem="duplicate_publishers"} 1' in text
+    )
+    lines = [r.getMessage() for r in caplog.records if "more than one process" in r.getMessage()]
+    assert len(lines) == 1
+    assert "AGENTIC_WORKER_ID" in lines[0]
+    pids = {str(p.pid) for p in procs}
+    assert all(f"pid {pid}" in lines[0] for pid in pids)
+
+
+def test_p_d_engines_that_publish_another_id_are_reported_with_the_ids_seen(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """P/D pools name their engines prefill_i / decode_i; the plugin publishes
+    engine_<dp index> unless told otherwise, so the feed never matched. Now each
+    configured engine with no snapshot is reported, once, with the ids it did see."""
+    uri = (tmp_path / "state").as_uri()
+    writer = open_writer(uri)
+
+    async def main() -> dict[str, Any]:
+        cfg = config(prefill=[refused_url()], decode=[refused_url()], engine_state_uri=uri)
+        async with running_router(cfg) as r:
+            deadline = time.monotonic() + 30
+            body: dict[str, Any] = {}
+            while len(body.get("feed_problems", {})) < 2:
+                assert time.monotonic() < deadline, "the missing engines were never reported"
+                writer.publish(make_state("engine_0"))
+                await asyncio.sleep(0.05)
+                body = await _health(r.url)
+            return body
+
+    with caplog.at_level(logging.WARNING, logger="agentic_router.feed"):
+        body = asyncio.run(main())
+    assert body["feed_problems"] == {"prefill_0": "no_snapshot", "decode_0": "no_snapshot"}
+    lines = [r.getMessage() for r in caplog.records if "no snapshot" in r.getMessage()]
+    assert len(lines) == 2
+    assert all("engine_0" in line and "AGENTIC_WORKER_ID=" in line for line in lines)

@@ -16,6 +16,9 @@ their absence means:
   False and a router must not read them as a stall or a backlog.
 - `block_size`: tokens per KV block, so `gpu_blocks_total * block_size` is
   the engine's KV capacity in tokens.
+- `host`: the publishing machine's host name. With `pid` it tells a reader
+  when two processes publish under one engine id (their snapshots alternate);
+  containers on different nodes often share a pid, rarely a host name.
 
 Owns the wire format and its validation. It must not know about transports,
 clocks other than the values it is given, or any engine: both the vLLM plugin
@@ -36,6 +39,9 @@ SCHEMA_VERSION: Final = 1
 # An engine id names a file in the file transport and a key suffix in Redis,
 # so it must be safe for both: no path separators, no whitespace, bounded.
 ENGINE_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+
+# A host name as the publisher reports it (bounded; no spaces or controls).
+HOST_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$")
 
 # A snapshot larger than this is not one we wrote; refusing it early keeps a
 # hostile or corrupted store from costing the router memory or time.
@@ -148,6 +154,7 @@ class EngineState:
     running_prefill_tokens: int | None = None
     queued_prefill_tokens: int | None = None
     block_size: int | None = None
+    host: str | None = None
     schema: int = SCHEMA_VERSION
 
     @property
@@ -166,6 +173,8 @@ class EngineState:
         """Return self if every value is possible, else raise InvalidStateError."""
         if not ENGINE_ID_PATTERN.match(self.engine_id):
             raise InvalidStateError(DropReason.MALFORMED, f"bad engine_id {self.engine_id!r}")
+        if self.host is not None and not HOST_PATTERN.match(self.host):
+            raise InvalidStateError(DropReason.MALFORMED, "bad host")
         for name in (*_INT_FIELDS, *_OPTIONAL_INT_FIELDS):
             value = getattr(self, name)
             if value is None:
@@ -263,6 +272,11 @@ class EngineState:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidStateError(DropReason.MALFORMED, f"{name} is not an integer")
             values[name] = value
+        host = obj.get("host")
+        if host is not None:
+            if not isinstance(host, str):
+                raise InvalidStateError(DropReason.MALFORMED, "host is not a string")
+            values["host"] = host
         return cls(**values).check()
 
 

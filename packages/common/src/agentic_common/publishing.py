@@ -14,9 +14,11 @@ any engine.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
+import socket
 import threading
 import time
 import weakref
@@ -25,7 +27,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentic_common import Freshness, StateWriter, open_reader
+from agentic_common._schema import HOST_PATTERN
 from agentic_common._transport import RateLimitedLog
+
+
+def _host_name() -> str | None:
+    name = socket.gethostname()[:255]
+    return name if HOST_PATTERN.match(name) else None
+
+
+_HOST = _host_name()
 
 __all__ = [
     "LAST_STEP_ATTR",
@@ -149,6 +160,9 @@ class SnapshotPublisher:
             )
         finally:
             del scheduler  # never hold the engine across the sleep
+        if state.host is None:
+            # Names the publisher, so a reader can tell two processes under one id apart.
+            state = dataclasses.replace(state, host=_HOST)
         self.stats.snapshots += 1
         if self._writer.publish(state):
             self.stats.published += 1

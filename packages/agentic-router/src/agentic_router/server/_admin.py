@@ -78,6 +78,9 @@ class AdminEndpoints:
             "status": "ok" if ok else "unavailable",
             "engines": {ep.spec.engine_id: ep.breaker.state for ep in acct.endpoints},
         }
+        problems = acct.core.feed_problems()
+        if problems:  # a warning, not unhealth: traffic still flows on shadow load
+            body["feed_problems"] = problems
         return web.json_response(body, status=200 if ok else 503)
 
     async def state(self, request: web.Request) -> web.Response:

@@ -200,6 +200,14 @@ class RoutingCore:
     def snapshot(self) -> dict[str, Any]:
         return {role: pool.router.snapshot() for role, pool in self.pools.items()}
 
+    def feed_problems(self) -> dict[str, str]:
+        """Engine id -> the feed problem found for it (agentic_router.feed.EngineIdWatch)."""
+        out: dict[str, str] = {}
+        for pool in self.pools.values():
+            if pool.feed is not None:
+                out.update(pool.feed.problems())
+        return out
+
     def feed_status(self) -> dict[str, Any]:
         return {
             role: {"mode": "off"} if pool.feed is None else pool.feed.status()
@@ -244,6 +252,13 @@ class RoutingCore:
             "snapshots handed to the router, by what it did with them",
             ("pool", "result"),
         )
+        problems = Family(
+            "agentic_router_feed_engine_problem",
+            "gauge",
+            "1 while an engine id has a feed problem: duplicate_publishers (two processes "
+            "publish under it) or no_snapshot (nothing published under it since start)",
+            ("pool", "engine", "problem"),
+        )
         anomalies = Family(
             "agentic_router_accounting_anomalies_total",
             "counter",
@@ -266,11 +281,13 @@ class RoutingCore:
             if f is not None:
                 for reason, n in f.drops.items():
                     drops.set(role, reason, value=float(n))
+                for engine_id, problem in f.problems().items():
+                    problems.set(role, engine_id, problem, value=1.0)
             for result, n in pool.router.feed_counts.items():
                 feed.set(role, result, value=float(n))
             for kind, n in pool.router.anomalies.items():
                 anomalies.set(role, kind, value=float(n))
-        return [load, shadow, age, fresh, drops, feed, anomalies, *thrash]
+        return [load, shadow, age, fresh, drops, feed, problems, anomalies, *thrash]
 
     def _thrash_families(self) -> list[Family]:
         """The thrash guards of session migration (kv_aware) and Mechanism B
