@@ -207,8 +207,8 @@ def test_a_request_not_received_within_the_read_deadline_gets_408_and_is_closed(
                 assert status == 408, body
                 assert _is_openai_error(body, 408)
                 assert headers["connection"].lower() == "close"
-                if b"\r\n\r\n" not in partial:  # the head deadline closes at once
-                    assert await asyncio.wait_for(reader.read(), 10) == b""
+                # closed with the answer, not after aiohttp's 10 s of draining
+                assert await asyncio.wait_for(reader.read(), 5) == b""
                 writer.close()
             reader, writer = await _connect(r)  # says nothing
             assert await asyncio.wait_for(reader.read(), 10) == b""

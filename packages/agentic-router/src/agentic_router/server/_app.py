@@ -139,7 +139,7 @@ class Proxy:
                 )
             except BadRequest as exc:
                 self.telemetry.requests.inc(endpoint, _REFUSAL.get(exc.status, "bad_request"))
-                return client_error(request, exc.status, exc.message, param=exc.param)
+                return await refuse(request, exc.status, exc.message, param=exc.param)
             # In flight from here: a slow upload holds its connection and its
             # buffered bytes (bounded above), never a routing slot.
             if self.inflight >= self.config.max_inflight:
@@ -193,12 +193,15 @@ def read_deadline(request: web.BaseRequest, config: ServerConfig) -> float:
 
 
 def client_error(
-    request: web.BaseRequest, status: int, message: str, *, param: str | None = None
+    request: web.BaseRequest,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    """A refused request: one WARNING line (no traceback) and the OpenAI-shaped answer.
-    A refusal that leaves the body unread closes the connection (408, 413, a 503
-    before reading: the rest of the body is not worth waiting for); 503 says
-    when to retry."""
+    """A refused request: one WARNING line (no traceback) and the OpenAI-shaped answer;
+    503 says when to retry."""
     log.warning(
         "client error: %d %s %s from %s: %s",
         status,
@@ -207,11 +210,34 @@ def client_error(
         request.remote,
         one_line(message),
     )
-    response = json_error(
-        status, message, param=param, headers={"Retry-After": "1"} if status == 503 else None
-    )
-    if not request.content.is_eof():
-        response.force_close()
+    extra = dict(headers or {})
+    if status == 503:
+        extra["Retry-After"] = "1"
+    return json_error(status, message, param=param, headers=extra or None)
+
+
+async def refuse(
+    request: web.BaseRequest,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.StreamResponse:
+    """`client_error`, and when the body is left unread (408, 413, a 503 before
+    reading, a 404 / 405 with a body) the connection ends with the answer: it is
+    sent, then our side is shut (the client sees the end at once) while aiohttp
+    drains what the client still sends for a bounded time, so the answer is not
+    lost to a reset."""
+    response = client_error(request, status, message, param=param, headers=headers)
+    if request.content.is_eof():
+        return response
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    transport = request.transport
+    if transport is not None and transport.can_write_eof():
+        transport.write_eof()
     return response
 
 
@@ -238,9 +264,7 @@ async def errors_as_json(
         if exc.status < 400:
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        response = client_error(request, exc.status, exc.reason)
-        response.headers.update(headers)
-        return response
+        return await refuse(request, exc.status, exc.reason, headers=headers)
     finally:
         if protocol is not None:
             protocol.request_done()
