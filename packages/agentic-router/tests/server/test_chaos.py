@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from agentic_router.server.testing import FakeEngine, Faults, refused_url, running_router
+from agentic_router.server.testing._fake_engine import Role
 
 from .conftest import completion_body, config, eventually, run
 
@@ -98,9 +99,12 @@ def _classify(status: int, raw: bytes, stream: bool) -> str:
 _EXPECTED = "".join(f" t{i}" for i in range(12))
 
 
-@pytest.mark.parametrize("seed", [7, 8])
-def test_engines_that_hang_truncate_send_garbage_die_and_restart_under_load(seed: int) -> None:
-    """Five engines; while 240 clients (24 at a time) stream or not, and some leave
+@pytest.mark.parametrize(("mode", "seed"), [("aggregated", 7), ("aggregated", 8), ("pd", 9)])
+def test_engines_that_hang_truncate_send_garbage_die_and_restart_under_load(
+    mode: str, seed: int
+) -> None:
+    """Five aggregated engines (or three prefill and three decode engines with
+    vLLM's handshake); while 240 clients (24 at a time) stream or not, and some leave
     early, a chaos task keeps changing what each engine does: hang, end streams
     without [DONE], send garbage, die mid-answer, get killed and restarted on
     the same port, or heal. The breakers work as configured in production
@@ -110,12 +114,25 @@ def test_engines_that_hang_truncate_send_garbage_die_and_restart_under_load(seed
 
     async def main() -> None:
         rng = random.Random(seed)
-        engines = [FakeEngine("vllm", output_tokens=12) for _ in range(5)]
+        if mode == "pd":  # three prefill and three decode engines, vLLM's handshake
+            roles: list[Role] = ["prefill", "prefill", "prefill", "decode", "decode", "decode"]
+        else:
+            roles = ["both"] * 5
+        engines = [FakeEngine("vllm", role=role, output_tokens=12) for role in roles]
         for e in engines:
             e.faults.token_interval_s = 0.002
             await e.start()
+        urls: dict[str, Any]
+        if mode == "pd":
+            urls = {
+                "prefill": [e.url for e in engines[:3]],
+                "decode": [e.url for e in engines[3:]],
+                "pd_protocol": "vllm",
+            }
+        else:
+            urls = {"engines": [e.url for e in engines]}
         cfg = config(
-            engines=[e.url for e in engines],
+            **urls,
             policy="random",
             first_byte_timeout_s=0.5,
             stream_idle_timeout_s=0.3,
@@ -163,7 +180,7 @@ def test_engines_that_hang_truncate_send_garbage_die_and_restart_under_load(seed
                 # healed engines take trials again: every circuit closes
                 async def all_closed() -> bool:
                     async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
-                        assert resp.status in (200, 503)
+                        assert resp.status in (200, 502, 503)
                     return all(ep.breaker.state == "closed" for ep in r.proxy.endpoints)
 
                 loop = asyncio.get_running_loop()
@@ -213,7 +230,7 @@ class _Chaos:
                 old = self.engines[i]
                 await old.stop()
                 await asyncio.sleep(0.05)  # connections refused meanwhile
-                self.engines[i] = FakeEngine("vllm", output_tokens=12, port=old.port)
+                self.engines[i] = FakeEngine("vllm", role=old.role, output_tokens=12, port=old.port)
                 await self.engines[i].start()
             self.engines[i].faults = faults
             await asyncio.sleep(0.03)
@@ -234,7 +251,7 @@ def _judge(status: int, headers: Any, raw: bytes, stream: bool) -> str:
         if status == 503:
             assert int(headers["Retry-After"]) >= 1  # only circuits make a 503 here
         else:
-            assert headers["X-Agentic-Worker"].startswith("engine_")
+            assert headers["X-Agentic-Worker"].startswith(("engine_", "prefill_", "decode_"))
         return "error"
     if not stream:
         assert json.loads(raw)["choices"][0]["text"] == _EXPECTED
