@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from agentic_router._logs import ADMISSION_EVENTS, read_jsonl
 from agentic_router.hookspecs import hookimpl
+from agentic_router.migration import thrash_metrics
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.policy import PolicySpec
 from agentic_router.server.testing import FakeEngine, refused_url, running_router
@@ -547,5 +549,49 @@ def test_a_429_is_tried_on_another_engine_without_counting_against_the_busy_one(
             assert status == 429
             assert data["message"] == "injected failure 429"
             assert headers["X-Agentic-Worker"] in ("engine_0", "engine_1")
+
+    run(main())
+
+
+def test_kv_aware_and_the_admission_log_agree_on_every_decode_refusal(tmp_path: Path) -> None:
+    """The real decode policy: a 429 from the decode engine is a rejection for
+    kv_aware (a capacity one: counted toward moving the session), never an
+    admission that resets the session's reject count, and the log says the same."""
+
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        d.faults.fail_status = 429
+        d.faults.fail_count = 2
+        cfg = config(
+            prefill=[p.url],
+            decode=[d.url],
+            decode_policy="kv_aware",
+            pd_protocol="vllm",
+            log_dir=str(tmp_path),
+        )
+        async with p, d, running_router(cfg) as r:
+            # the first turn's only D refuses it; the second is refused once more (a
+            # direct-to-D try or the via-prefill one), then served; the third is served
+            for expected in (429, 200, 200):
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(
+                        r.url + "/v1/completions",
+                        json=completion_body(),
+                        headers={"X-Session-Id": "s1"},
+                    ) as resp,
+                ):
+                    assert resp.status == expected
+            metrics = thrash_metrics(r.proxy.core.pools["decode"].router)
+            assert r.active_requests() == 0
+        assert metrics is not None
+        policy: Counter[tuple[bool, str]] = Counter()
+        for key, n in metrics["admissions"].items():  # "mode/verdict/reason"
+            _, verdict, reason = key.split("/")
+            policy[verdict == "admitted", reason] += n
+        assert policy[(False, "backpressure")] == 2
+        assert metrics["counted_rejections"] == 2
+        assert policy == Counter(_logged_admissions(tmp_path))
 
     run(main())
