@@ -141,11 +141,11 @@ class ServerConfig:
         why="an 800 KB agentic prompt with 40x headroom",
     )
     max_buffered_body_bytes: int = setting(
-        1024 * 1024 * 1024,
+        512 * 1024 * 1024,
         "request-body bytes held at once, over every request being read or in flight; a "
         "request that would pass it gets 503 before its body is read",
         check=at_least(1),
-        why="1,300 concurrent 800 KB prompts",
+        why="640 concurrent 800 KB prompts; the process peaks at 3-4x the bytes held",
     )
     request_read_timeout_s: float = setting(
         60.0,
