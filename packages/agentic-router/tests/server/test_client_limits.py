@@ -15,8 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from agentic_router.server.testing import FakeEngine, RunningRouter, running_router
+from agentic_router.server.testing._fake_engine import free_socket
 
 from .conftest import completion_body, config, eventually, run
 
@@ -332,5 +334,53 @@ def test_router_owned_fields_from_a_client_are_refused(mode: str, field: str, va
         finally:
             for eng in engines:
                 await eng.stop()
+
+    run(main())
+
+
+def test_an_engine_answer_over_max_response_bytes_is_a_502_not_a_buffer() -> None:
+    """A non-streamed engine answer is buffered only up to max_response_bytes: a
+    larger one (declared or not) is the engine's failure, a 502 naming it."""
+
+    async def main() -> None:
+        big = json.dumps({"choices": [{"text": "x" * (2 << 20)}]}).encode()
+        chunked = [False]
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            if chunked[0]:
+                response = web.StreamResponse(headers={"Content-Type": "application/json"})
+                response.enable_chunked_encoding()
+                await response.prepare(request)
+                for i in range(0, len(big), 65536):
+                    await response.write(big[i : i + 65536])
+                await response.write_eof()
+                return response
+            return web.Response(body=big, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        sock = free_socket()
+        await web.SockSite(runner, sock).start()
+        engine = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        try:
+            for chunked[0], max_bytes, want in (
+                (False, 1 << 20, 502),
+                (True, 1 << 20, 502),
+                (True, 4 << 20, 200),
+            ):
+                cfg = config(engines=[engine], max_response_bytes=max_bytes, max_retries=0)
+                async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+                    async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                        assert resp.status == want
+                        body = await resp.json()
+                    if want == 502:
+                        assert _is_openai_error(body, 502)
+                        assert "max_response_bytes" in body["error"]["message"]
+                    assert r.active_requests() == 0
+        finally:
+            await runner.cleanup()
 
     run(main())

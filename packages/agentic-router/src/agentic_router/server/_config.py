@@ -159,6 +159,12 @@ class ServerConfig:
         check=at_least(1),
     )
     connect_timeout_s: float = setting(5.0, "timeout to connect to an engine", check=positive)
+    max_response_bytes: int = setting(
+        64 * 1024 * 1024,
+        "largest non-streamed engine answer the router buffers (502 above); streams are "
+        "relayed chunk by chunk and never buffered",
+        check=at_least(1),
+    )
     first_byte_timeout_s: float = setting(
         600.0, "timeout from sending a request to the engine's first body byte", check=positive
     )

@@ -33,7 +33,9 @@ from agentic_router.server._upstream import (
     Deadline,
     EngineClient,
     EngineFailure,
+    TooLarge,
     is_json_object,
+    read_capped,
 )
 from agentic_router.types import RoutingRequest
 
@@ -142,7 +144,15 @@ async def _read_prefill(
         raise SideFailure(ep.slot, exc) from None
     try:
         async with Deadline(client.config.first_byte_timeout_s):
-            data = await upstream.read()
+            data = await read_capped(upstream, client.config.max_response_bytes)
+    except TooLarge:
+        acct.record_failure(ep, "garbage", "a prefill answer over max_response_bytes")
+        raise SideFailure(
+            ep.slot,
+            EngineFailure(
+                502, f"prefill engine {ep.spec.engine_id} sent an answer over max_response_bytes"
+            ),
+        ) from None
     except TimeoutError:
         acct.record_failure(ep, "timeout", "prefill not done before first_byte_timeout")
         raise SideFailure(

@@ -239,6 +239,25 @@ _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
 _SSE_FIELDS: Final = frozenset({b"data", b"event", b"id", b"retry"})
 
 
+class TooLarge(Exception):
+    """An engine's answer passed max_response_bytes (the rest is left unread)."""
+
+
+async def read_capped(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
+    """An engine's whole answer, at most `limit` bytes (else TooLarge): a broken or
+    hostile engine cannot make the router buffer without bound."""
+    if upstream.content_length is not None and upstream.content_length > limit:
+        raise TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in upstream.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def is_json_object(data: bytes) -> bool:
     """Is `data` one JSON object? (Deep nesting counts as no: the decoder's
     RecursionError is an engine's garbage, never the router's crash.)"""
@@ -342,8 +361,8 @@ class EngineClient:
         acct = self.acct
         try:
             async with Deadline(self.config.first_byte_timeout_s):
-                data = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                data = await read_capped(upstream, self.config.max_response_bytes)
+        except (aiohttp.ClientError, TimeoutError, OSError, TooLarge):
             data = b""
         status = upstream.status
         if status >= 500:
@@ -373,10 +392,15 @@ class EngineClient:
         acct = self.acct
         try:
             async with Deadline(self.config.first_byte_timeout_s):
-                data = await upstream.read()
+                data = await read_capped(upstream, self.config.max_response_bytes)
         except TimeoutError:
             acct.record_failure(ep, "timeout", "body not complete before first_byte_timeout")
             raise EngineFailure(504, f"engine {ep.spec.engine_id} timed out") from None
+        except TooLarge:
+            acct.record_failure(ep, "garbage", "an answer over max_response_bytes")
+            raise EngineFailure(
+                502, f"engine {ep.spec.engine_id} sent an answer over max_response_bytes"
+            ) from None
         except (aiohttp.ClientError, OSError) as exc:
             acct.record_failure(ep, "cut", repr(exc))
             raise EngineFailure(502, f"engine {ep.spec.engine_id} cut the response short") from None
