@@ -595,3 +595,28 @@ def test_kv_aware_and_the_admission_log_agree_on_every_decode_refusal(tmp_path: 
         assert policy == Counter(_logged_admissions(tmp_path))
 
     run(main())
+
+
+def test_pd_retry_after_comes_from_the_pool_that_has_no_engine_left() -> None:
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill")
+        d0 = FakeEngine("vllm", role="decode")
+        d1 = FakeEngine("vllm", role="decode")
+        cfg = config(
+            prefill=[p.url],
+            decode=[d0.url, d1.url],
+            pd_protocol="vllm",
+            failure_threshold=1,
+            circuit_open_s=3600,
+        )
+        async with p, d0, d1, running_router(cfg) as r:
+            prefill, decode_0, _ = r.proxy.endpoints
+            r.proxy.acct.record_failure(prefill, "test", "prefill down for an hour")
+            r.proxy.acct.record_failure(decode_0, "test", "decode_0 down for a few seconds")
+            decode_0.breaker.open_s = 5.0
+            status, headers, data = await _post(r.url, completion_body())
+            _router_error(status, data, 503)
+            assert int(headers["Retry-After"]) > 3000  # the prefill pool's, not decode_0's
+            assert [len(e.requests) for e in (p, d0, d1)] == [0, 0, 0]
+
+    run(main())

@@ -35,6 +35,7 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
         dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
         if dec_d is None:
+            refused = {s for s in refused if acct.endpoints[s].role == DECODE}
             break
         if attempt:
             acct.telemetry.retries.inc()
@@ -56,6 +57,8 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
                     break
         dec_p = core.decide(with_id(req, base + ":p"), exclude=tried | refused, role=PREFILL)
         if dec_p is None:
+            # the prefill pool is the one without a usable engine: its circuits say when
+            refused = {s for s in refused if acct.endpoints[s].role == PREFILL}
             break
         acct.note_decision(ctx, dec_p, dec_p.worker, dec_d.worker, home=dec_d.home)
         if acct.logs is not None:
