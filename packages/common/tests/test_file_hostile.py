@@ -167,3 +167,18 @@ def test_a_state_directory_owned_by_another_user_is_refused(directory: Path) -> 
     reader = open_reader(directory.as_uri())
     assert reader.read_all() == {}
     assert reader.drops == {DropReason.UNSAFE_STORE: 1}
+
+
+def test_back_to_back_polls_never_find_the_previous_read_still_running(directory: Path) -> None:
+    """The reading thread lingers a moment after handing back its result; a poll
+    started in that moment must not be refused as a read still in progress."""
+
+    async def polls() -> dict[str, int]:
+        reader = open_async_reader(directory.as_uri())
+        for _ in range(300):
+            await reader.read_all()
+        await reader.close()
+        return dict(reader.drops)
+
+    drops = _in_thread(lambda: asyncio.run(polls()))
+    assert DropReason.TIMEOUT not in drops

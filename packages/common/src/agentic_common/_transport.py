@@ -352,10 +352,12 @@ class BlockingCall:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._thread: threading.Thread | None = None
+        # Set while a read is in the kernel; cleared by the reading thread the
+        # moment its call returns (not when the thread ends, which is later).
+        self._busy = threading.Event()
 
     async def run(self, fn: Callable[[], T]) -> T:
-        if self._thread is not None and self._thread.is_alive():
+        if self._busy.is_set():
             raise ReadInProgressError(f"the previous read of {self._name} has not returned")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -373,10 +375,11 @@ class BlockingCall:
                 result, exc = fn(), None
             except BaseException as err:
                 result, exc = None, err
+            self._busy.clear()
             with contextlib.suppress(RuntimeError):  # the loop closed while we were reading
                 loop.call_soon_threadsafe(settle, result, exc)
 
         thread = threading.Thread(target=target, name=f"agentic-read-{self._name}", daemon=True)
-        self._thread = thread
+        self._busy.set()
         thread.start()
         return await future
