@@ -116,8 +116,14 @@ def test_parser_errors_are_openai_json_and_one_warning_line(
                 assert not [
                     rec for rec in caplog.records if rec.exc_info or rec.levelno >= logging.ERROR
                 ], [rec.getMessage() for rec in caplog.records]
-            async with aiohttp.ClientSession() as s, s.get(r.url + "/health") as resp:
-                assert resp.status in (200, 503)  # still serving
+            async with aiohttp.ClientSession() as s:
+                async with s.get(r.url + "/health") as resp:
+                    assert resp.status in (200, 503)  # still serving
+                async with s.get(r.url + "/metrics") as resp:
+                    metrics = await resp.text()
+            assert f'agentic_router_client_errors_total{{status="400"}} {len(MALFORMED)}' in (
+                metrics
+            ), metrics
 
     with caplog.at_level(logging.WARNING):
         run(main())
@@ -147,6 +153,10 @@ def test_handler_client_errors_log_one_warning_line(caplog: pytest.LogCaptureFix
                 assert str(status) in message, message
                 assert path in message, message
                 assert not [rec for rec in caplog.records if rec.exc_info]
+            async with s.get(r.url + "/metrics") as resp:
+                metrics = await resp.text()
+            for status in (400, 404, 405):
+                assert f'agentic_router_client_errors_total{{status="{status}"}} 1' in metrics
 
     with caplog.at_level(logging.WARNING):
         run(main())

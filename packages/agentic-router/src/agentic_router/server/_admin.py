@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -31,11 +31,13 @@ class AdminEndpoints:
         acct: Accounting,
         client: EngineClient,
         inflight: Callable[[], int],
+        extra: Sequence[Family] = (),
     ) -> None:
         self.config = config
         self.acct = acct
         self.client = client
         self._inflight = inflight
+        self._extra = extra  # families the app keeps itself (client errors)
 
     async def models(self, request: web.Request) -> web.Response:
         session = self.client.session
@@ -122,6 +124,7 @@ class AdminEndpoints:
         families += [
             inflight,
             breaker,
+            *self._extra,
             *acct.core.metric_families([ep.spec.engine_id for ep in acct.endpoints]),
         ]
         if acct.logs is not None:

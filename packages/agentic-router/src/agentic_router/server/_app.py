@@ -36,6 +36,7 @@ from agentic_router.server._admin import AdminEndpoints
 from agentic_router.server._aggregated import serve_aggregated
 from agentic_router.server._body import BodyBudget, BodyReader
 from agentic_router.server._config import ServerConfig
+from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
 from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
@@ -54,9 +55,12 @@ RUNNER_OPTIONS: Final[dict[str, Any]] = {"access_log": None, "handler_cancellati
 def make_runner(app: web.Application, **options: Any) -> RouterRunner:
     """The runner `serve` and the tests use: aiohttp's AppRunner with RUNNER_OPTIONS,
     serving through `RouterProtocol` (client errors as JSON, the read deadline)."""
-    config = app[PROXY].config
+    proxy = app[PROXY]
     return RouterRunner(
-        app, read_timeout_s=config.request_read_timeout_s, **{**RUNNER_OPTIONS, **options}
+        app,
+        read_timeout_s=proxy.config.request_read_timeout_s,
+        on_client_error=proxy.count_client_error,
+        **{**RUNNER_OPTIONS, **options},
     )
 
 
@@ -79,13 +83,25 @@ class Proxy:
         self.telemetry = Telemetry()
         self.acct = Accounting(config, self.endpoints, self.core, self.telemetry)
         self.client = EngineClient(config, self.acct)
-        self.admin = AdminEndpoints(config, self.acct, self.client, lambda: self.inflight)
+        self.client_errors = Family(
+            "agentic_router_client_errors_total",
+            "counter",
+            "requests the router refused as the client's error (4xx it made itself, including "
+            "the HTTP parser's), by status",
+            ("status",),
+        )
+        self.admin = AdminEndpoints(
+            config, self.acct, self.client, lambda: self.inflight, extra=[self.client_errors]
+        )
         self.inflight = 0
         self.body_budget = BodyBudget(config.max_buffered_body_bytes)
         # Request ids: unique per process run, cheaper than a uuid4 per request.
         self._id_prefix = f"{uuid.uuid4().hex[:12]}-"
         self._ids = itertools.count(1)
         self.started_at = time.time()
+
+    def count_client_error(self, status: int) -> None:
+        self.client_errors.inc(str(status))
 
     # ---- lifecycle (cleanup_ctx) ----
 
@@ -193,7 +209,7 @@ def read_deadline(request: web.BaseRequest, config: ServerConfig) -> float:
 
 
 def client_error(
-    request: web.BaseRequest,
+    request: web.Request,
     status: int,
     message: str,
     *,
@@ -202,6 +218,7 @@ def client_error(
 ) -> web.Response:
     """A refused request: one WARNING line (no traceback) and the OpenAI-shaped answer;
     503 says when to retry."""
+    request.app[PROXY].count_client_error(status)
     log.warning(
         "client error: %d %s %s from %s: %s",
         status,
@@ -217,7 +234,7 @@ def client_error(
 
 
 async def refuse(
-    request: web.BaseRequest,
+    request: web.Request,
     status: int,
     message: str,
     *,

@@ -14,7 +14,9 @@ request. `RouterProtocol` is that protocol with two changes:
   close; a connection that never sent a byte is closed silently); once the
   head is in, the handler gets what is left (`read_deadline`) for the body.
 
-`RouterRunner` is aiohttp's AppRunner serving the app through that protocol;
+Both count each client error by status (`on_client_error`, the
+`agentic_router_client_errors_total` counter). `RouterRunner` is aiohttp's
+AppRunner serving the app through that protocol;
 `serve` and the test helpers run the app with it. Owns no routing state.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -39,14 +42,33 @@ def one_line(text: str, limit: int = 300) -> str:
     return folded if len(folded) <= limit else folded[: limit - 3] + "..."
 
 
+def _ignore(status: int) -> None:
+    pass
+
+
 class RouterProtocol(web.RequestHandler):
     """aiohttp's connection protocol with client errors as JSON and a read deadline."""
 
-    __slots__ = ("_awaiting_head", "_head_bytes", "_head_timer", "_read_timeout_s", "read_deadline")
+    __slots__ = (
+        "_awaiting_head",
+        "_counted",
+        "_head_bytes",
+        "_head_timer",
+        "_read_timeout_s",
+        "read_deadline",
+    )
 
-    def __init__(self, manager: web.Server, *, read_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        read_timeout_s: float,
+        on_client_error: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(manager, **kwargs)
         self._read_timeout_s = read_timeout_s
+        self._counted = on_client_error or _ignore
         self._awaiting_head = True
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = False
@@ -98,6 +120,7 @@ class RouterProtocol(web.RequestHandler):
         if transport is None or not self._awaiting_head:
             return
         if self._head_bytes:
+            self._counted(408)
             log.warning(
                 "client error: 408 from %s: request head not complete within %gs",
                 self.peername,
@@ -130,6 +153,7 @@ class RouterProtocol(web.RequestHandler):
             if isinstance(exc, HttpProcessingError) and exc.message:
                 message = exc.message
             text = one_line(message or str(exc or "bad request"))
+            self._counted(status)
             if self._request_count == 1 and isinstance(exc, BadHttpMethod):
                 # Often not HTTP at all (TLS or a scanner on this port): as aiohttp does.
                 log.debug("client error: %d from %s: %s", status, request.remote, text)
@@ -152,6 +176,7 @@ class _RouterServer(web.Server):
         request_factory: Any,
         handler_cancellation: bool,
         read_timeout_s: float,
+        on_client_error: Callable[[int], None] | None,
         loop: asyncio.AbstractEventLoop,
         **protocol_options: Any,
     ) -> None:
@@ -165,12 +190,14 @@ class _RouterServer(web.Server):
         self._protocol_loop = loop
         self._protocol_options = protocol_options
         self._read_timeout_s = read_timeout_s
+        self._on_client_error = on_client_error
 
     def __call__(self) -> RouterProtocol:
         return RouterProtocol(
             self,
             loop=self._protocol_loop,
             read_timeout_s=self._read_timeout_s,
+            on_client_error=self._on_client_error,
             **self._protocol_options,
         )
 
@@ -179,12 +206,20 @@ class RouterRunner(web.AppRunner):
     """aiohttp's AppRunner (the app's startup and cleanup as usual) serving through
     `RouterProtocol`; `read_timeout_s` is the request-read deadline."""
 
-    __slots__ = ("_protocol_options", "_read_timeout_s")
+    __slots__ = ("_on_client_error", "_protocol_options", "_read_timeout_s")
 
-    def __init__(self, app: web.Application, *, read_timeout_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        read_timeout_s: float,
+        on_client_error: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         runner_only = ("handle_signals", "shutdown_timeout", "handler_cancellation")
         self._protocol_options = {k: v for k, v in kwargs.items() if k not in runner_only}
         self._read_timeout_s = read_timeout_s
+        self._on_client_error = on_client_error
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
@@ -194,6 +229,7 @@ class RouterRunner(web.AppRunner):
             request_factory=plain.request_factory,
             handler_cancellation=plain.handler_cancellation,
             read_timeout_s=self._read_timeout_s,
+            on_client_error=self._on_client_error,
             loop=asyncio.get_running_loop(),
             **self._protocol_options,
         )
