@@ -2,9 +2,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
+import select
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -41,14 +45,63 @@ def test_dump_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "131072" in out
 
 
-def test_watch_redraws_until_its_duration(tmp_path: Path) -> None:
+def test_watch_redraws_in_place_on_a_terminal(tmp_path: Path) -> None:
     uri = (tmp_path / "s").as_uri()
     open_writer(uri).publish(make_state("engine_3"))
-    out = io.StringIO()
-    watch(open_reader(uri), interval_s=0.05, duration_s=0.3, out=out)
-    frames = out.getvalue().split("\x1b[H\x1b[2J")
+    master, slave = pty.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as terminal:
+            watch(open_reader(uri), interval_s=0.05, duration_s=0.2, out=terminal)
+        written = b""
+        while select.select([master], [], [], 0)[0]:
+            written += os.read(master, 65536)
+    finally:
+        os.close(master)
+        os.close(slave)
+    frames = written.decode().split("\x1b[H\x1b[2J")
     assert len(frames) > 2
     assert all("engine_3" in frame for frame in frames[1:])
+
+
+def test_watch_piped_writes_plain_frames_without_escape_codes(tmp_path: Path) -> None:
+    """`agentic-state watch > log` or `| grep`: no clear-screen codes in the text."""
+    uri = (tmp_path / "s").as_uri()
+    open_writer(uri).publish(make_state("engine_3"))
+    out = io.StringIO()  # not a terminal, as a pipe or a file is not
+    watch(open_reader(uri), interval_s=0.05, duration_s=0.3, out=out)
+    text = out.getvalue()
+    assert "\x1b" not in text
+    assert text.count("engine_3") > 2
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"agentic-state {version('agentic-common')}"
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`agentic-state dump --json | head -1`: no BrokenPipeError traceback."""
+    uri = (tmp_path / "s").as_uri()
+    writer = open_writer(uri)
+    for i in range(50):
+        writer.publish(make_state(f"engine_{i}"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first write
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "agentic_common._cli", "dump", uri, "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode == 141
 
 
 def test_bad_uri_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
@@ -85,14 +86,18 @@ def _inspect(reader: StateReader) -> tuple[list[Inspection], str | None]:
 
 
 def watch(reader: StateReader, interval_s: float, duration_s: float | None, out: TextIO) -> None:
+    """Redraw the table every `interval_s`. On a terminal each frame replaces the last;
+    piped or redirected, frames follow each other as plain text (no escape codes in a
+    log file or a `grep`)."""
     deadline = None if duration_s is None else time.monotonic() + duration_s
+    clear = "\x1b[H\x1b[2J" if out.isatty() else ""
     while deadline is None or time.monotonic() < deadline:
         items, error = _inspect(reader)
         frame = render_table(items)
         if error:
             frame += f"\n{error}"
         stamp = time.strftime("%H:%M:%S")
-        out.write(f"\x1b[H\x1b[2J{reader.uri}  {stamp}  (Ctrl-C to stop)\n{frame}\n")
+        out.write(f"{clear}{reader.uri}  {stamp}  (Ctrl-C to stop)\n{frame}\n")
         out.flush()
         time.sleep(interval_s)
 
@@ -192,12 +197,20 @@ def demo(uri: str | None, seconds: float, out: TextIO) -> int:
     return 0
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentic-common")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentic-state",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("watch", "live table"), ("dump", "print once")):
         p = sub.add_parser(name, help=help_text)
@@ -219,6 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `agentic-state` console script. A reader that goes away (`agentic-state dump
+    | head`) ends the command as it ends any Unix filter: quietly, status 141 (128 +
+    SIGPIPE), stdout pointed at devnull so the final flush cannot raise again."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         return demo(args.uri, args.seconds, sys.stdout)
