@@ -236,9 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     | head`) ends the command as it ends any Unix filter: quietly, status 141 (128 +
     SIGPIPE), stdout pointed at devnull so the final flush cannot raise again."""
     try:
-        code = _main(argv)
-        sys.stdout.flush()
-        return code
+        try:
+            return _main(argv)
+        finally:  # also after --help's SystemExit
+            sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+DESCRIPTION = (
+    "An OpenAI-compatible router for vLLM and SGLang that routes agentic sessions on "
+    "the engines' real state. Run `agentic-router COMMAND --help` for a command's options."
+)
 
 # subcommand -> (module, one-line help). The module defines
 # `add_arguments(parser)` and `run(args) -> int`.
@@ -34,7 +41,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported (to add its arguments), so a
     broken or slow subcommand never affects the others."""
-    parser = argparse.ArgumentParser(prog="agentic-router", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentic-router", description=DESCRIPTION)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {distribution_version('agentic-router')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -43,7 +53,38 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def distribution_version(name: str) -> str:
+    """The installed distribution's version (what pip reports), not a copy in the source."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def exit_quietly_on_broken_pipe(main: Callable[[], int]) -> int:
+    """Run `main`; when the reader of stdout goes away (`agentic-router plugins | head`),
+    exit as a Unix filter does instead of printing a BrokenPipeError traceback.
+
+    The recipe from the Python docs (signal module, "Note on SIGPIPE"): point stdout at
+    devnull so the interpreter's final flush cannot raise again, and exit 141 (128 +
+    SIGPIPE), the status a shell reports for a filter killed by the pipe."""
+    try:
+        try:
+            return main()
+        finally:  # also after --help's SystemExit: a pipe closed by then shows up here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `agentic-router` console script (and `python -m agentic_router.cli`)."""
+    return exit_quietly_on_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(args_list)
