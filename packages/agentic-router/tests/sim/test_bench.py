@@ -212,6 +212,26 @@ def test_bench_reports_engine_errors_instead_of_crashing(tmp_path: Path) -> None
     assert [r.error for r in records] == ["http_503"] * 5
 
 
+def test_bench_exits_non_zero_and_says_why_when_every_request_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace_path = tmp_path / "t.jsonl"
+    write_mooncake(small_trace().head(4), trace_path)
+
+    async def bench_a_failing_engine() -> int:
+        async with FakeEngine("vllm", max_model_len=1_000_000) as engine:
+            engine.faults.fail_status = 503
+            argv = ["bench", "--url", engine.url, "--trace", str(trace_path), "--model", "m"]
+            argv += ["--out", str(tmp_path / "out"), "--quiet", "--no-plots"]
+            return await asyncio.get_running_loop().run_in_executor(None, main, argv)
+
+    assert asyncio.run(bench_a_failing_engine()) == 1
+    err = capsys.readouterr().err
+    assert "no request completed" in err
+    assert "http_503 x4" in err
+    assert (tmp_path / "out" / "run" / "results.json").is_file()  # still written
+
+
 def test_bench_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--trace", "agentic"]) == 2
     assert "--url and --trace are required" in capsys.readouterr().err

@@ -179,9 +179,12 @@ def _run_bench(args: argparse.Namespace) -> int:
             {args.label: [r.ttft_s for r in records if r.ttft_s]},
             {args.label: loads} if loads[0] else {},
         )
+    failed = _all_failed(summary)
+    if failed:
+        sys.stderr.write(f"agentic-router bench: error: {failed}\n")
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-        return 0
+        return 1 if failed else 0
     sys.stdout.write("\n" + format_table([summary]) + "\n\n" + textwrap.fill(TABLE_NOTES, 100))
     sys.stdout.write("\n\n")
     sys.stdout.write(f"results: {out_dir / 'results.json'}\n")
@@ -189,7 +192,20 @@ def _run_bench(args: argparse.Namespace) -> int:
         sys.stdout.write("plots:   " + "\n         ".join(str(p) for p in plots) + "\n")
     elif not args.no_plots and not plots_available():
         sys.stdout.write("plots:   skipped (pip install 'agentic-router[plots]')\n")
-    return 0
+    return 1 if failed else 0
+
+
+def _all_failed(summary: Mapping[str, Any]) -> str | None:
+    """Why the run measured nothing, when no request completed (a bench that only
+    collected errors must not exit 0 in a script or CI); None otherwise."""
+    if summary.get("completed"):
+        return None
+    errors: Mapping[str, int] = summary.get("errors") or {}
+    top = ", ".join(f"{kind} x{n}" for kind, n in sorted(errors.items(), key=lambda e: -e[1])[:5])
+    return (
+        f"no request completed ({top or 'no request was sent'}); the results are "
+        "written, but they measure nothing. Is the router up and does it reach its engines?"
+    )
 
 
 def _inflight(records: Sequence[Any]) -> tuple[list[float], list[list[int]], list[str]]:
