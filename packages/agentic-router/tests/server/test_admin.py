@@ -98,10 +98,11 @@ def test_health_and_models() -> None:
             )
             status, body = await _get(r.url + "/health")
             assert status == 200
+            # what an operator reads, and the breaker state beside it
             assert body["engines"] == {
-                "engine_0": "closed",
-                "engine_1": "closed",
-                "engine_2": "open",
+                "engine_0": {"status": "healthy", "breaker": "closed"},
+                "engine_1": {"status": "healthy", "breaker": "closed"},
+                "engine_2": {"status": "unavailable", "breaker": "open"},
             }
             status, models = await _get(r.url + "/v1/models")
             assert status == 200

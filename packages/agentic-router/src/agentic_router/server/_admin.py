@@ -20,8 +20,12 @@ from aiohttp import web
 from agentic_router.server._accounting import Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
-from agentic_router.server._health import OPEN, STATE_CODE
+from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
 from agentic_router.server._upstream import EngineClient, json_error
+
+#: what GET /health says of an engine, by its circuit-breaker state (kept beside it):
+#: an operator reads "healthy", not the breaker's "closed"
+ENGINE_STATUS = {CLOSED: "healthy", HALF_OPEN: "recovering", OPEN: "unavailable"}
 
 
 class AdminEndpoints:
@@ -76,9 +80,15 @@ class AdminEndpoints:
         acct.sync_health()
         roles = {ep.role for ep in acct.endpoints if ep.breaker.usable()}
         ok = ("prefill" in roles and "decode" in roles) if self.config.pd_mode else bool(roles)
-        body = {
+        body: dict[str, Any] = {
             "status": "ok" if ok else "unavailable",
-            "engines": {ep.spec.engine_id: ep.breaker.state for ep in acct.endpoints},
+            "engines": {
+                ep.spec.engine_id: {
+                    "status": ENGINE_STATUS[ep.breaker.state],
+                    "breaker": ep.breaker.state,
+                }
+                for ep in acct.endpoints
+            },
         }
         problems = acct.core.feed_problems()
         if problems:  # a warning, not unhealth: traffic still flows on shadow load
