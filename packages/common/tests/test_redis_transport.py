@@ -46,7 +46,8 @@ def test_published_states_are_read_back(redis_uri: str) -> None:
 
 
 def test_read_all_is_one_round_trip_for_many_engines(redis_uri: str) -> None:
-    writer = open_writer(redis_uri)
+    # a long TTL: on a busy machine 512 publishes can outlast the 5 s default
+    writer = open_writer(f"{redis_uri}?ttl_ms=600000")
     for i in range(512):
         writer.publish(make_state(f"engine_{i}"))
     reader = open_reader(redis_uri)
