@@ -192,6 +192,21 @@ def test_entry_points_and_allow_list(
     assert "good_plugin" not in _names(make_plugin_manager())
 
 
+def test_an_allow_list_naming_a_plugin_that_is_not_installed_is_refused(
+    installed_plugins: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo must not silently run the router without the plugin it was meant to load."""
+    with pytest.raises(ValueError, match="good_plugn, not installed") as refused:
+        make_plugin_manager(allow=["good_plugn"])
+    assert "installed plugins: broken_plugin, " in str(refused.value)  # the known names
+    assert ", good_plugin" in str(refused.value)
+    monkeypatch.setenv("AGENTIC_ROUTER_PLUGINS", "good_plugin,nope")
+    with pytest.raises(ValueError, match="nope, not installed"):
+        make_plugin_manager()
+    assert main(["plugins", "--allow", "good_plugn"]) == 2
+    assert "good_plugn, not installed" in capsys.readouterr().err
+
+
 def test_plugins_subcommand_lists_what_is_installed(
     installed_plugins: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

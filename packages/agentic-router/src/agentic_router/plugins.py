@@ -4,7 +4,8 @@
 adds the hookspecs, registers the built-ins (`agentic_router.builtin`) and
 loads the entry-point group ``agentic_router``, optionally limited to an
 allow-list of entry-point names (`allow`, or AGENTIC_ROUTER_PLUGINS, a comma
-list; "" loads none). A plugin that fails to import is logged and recorded in
+list; "" loads none). A name in the allow-list that no installed plugin has
+is a ValueError naming the installed ones. A plugin that fails to import is logged and recorded in
 `pm.agentic_failed`, never fatal to the router.
 
 `Components.collect(pm, config)` calls the registration hooks once and
@@ -79,7 +80,17 @@ def make_plugin_manager(
     skipped = pm.agentic_skipped
     if load_entry_points:
         allowed = allow_list(allow) if allow is not None else _allow_from_env()
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        installed = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        unknown = sorted((allowed or frozenset()) - set(installed.names))
+        if unknown:
+            # A typo in a production allow-list would silently run without the plugin
+            # (and its policy fall back or fail later, far from the cause): refuse now.
+            raise ValueError(
+                f"plugin allow-list names {', '.join(unknown)}, not installed; installed "
+                f"plugins: {', '.join(sorted(installed.names)) or '(none)'} "
+                "(see `agentic-router plugins`)"
+            )
+        for ep in installed:
             if allowed is not None and ep.name not in allowed:
                 skipped.append(ep.name)
                 continue

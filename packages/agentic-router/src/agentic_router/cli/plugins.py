@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 
@@ -42,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from agentic_router.types import RouterConfig
 
     allow = None if args.allow is None else [a.strip() for a in args.allow.split(",") if a.strip()]
-    pm = make_plugin_manager(allow=allow)
+    try:
+        pm = make_plugin_manager(allow=allow)
+    except ValueError as exc:
+        sys.stderr.write(f"agentic-router plugins: error: {exc}\n")
+        return 2
     info = describe(pm, RouterConfig())
     print(json.dumps(info, indent=2) if args.json else _table(info))
     return 1 if info["failed"] else 0
