@@ -36,6 +36,7 @@ SPECIAL: dict[str, Any] = {
     "admin_token_file": str(Path(__file__).parents[1] / "data" / "admin-token.txt"),
     "session_headers": ["x-tenant-session"],
     "session_fields": ["metadata.session"],
+    "request_id_header": "X-Correlation-Id",
     "log_dir": "/tmp/agentic-router-logs",
 }
 ALL = settings.exposed((ServerConfig, RouterConfig, MigrationSettings))

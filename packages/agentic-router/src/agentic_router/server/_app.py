@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
@@ -41,6 +39,14 @@ from agentic_router.server._health import Breaker
 from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
 from agentic_router.server._pd import serve_pd
+from agentic_router.server._request_id import (
+    CLIENT_ID,
+    CURRENT,
+    ROUTER_ID,
+    client_id,
+    install_log_filter,
+    new_id,
+)
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._upstream import EngineClient, HealthChecker, json_error
 
@@ -60,6 +66,7 @@ def make_runner(app: web.Application, **options: Any) -> RouterRunner:
         app,
         read_timeout_s=proxy.config.request_read_timeout_s,
         on_client_error=proxy.count_client_error,
+        request_id_header=proxy.config.request_id_header,
         **{**RUNNER_OPTIONS, **options},
     )
 
@@ -95,9 +102,6 @@ class Proxy:
         )
         self.inflight = 0
         self.body_budget = BodyBudget(config.max_buffered_body_bytes)
-        # Request ids: unique per process run, cheaper than a uuid4 per request.
-        self._id_prefix = f"{uuid.uuid4().hex[:12]}-"
-        self._ids = itertools.count(1)
         self.started_at = time.time()
 
     def count_client_error(self, status: int) -> None:
@@ -172,8 +176,8 @@ class Proxy:
                     raw=raw,
                     path=path,
                     session_id=session_id,
-                    request_id=f"{self._id_prefix}{next(self._ids)}",
-                    client_request_id=request.headers.get("X-Request-Id"),
+                    request_id=request[ROUTER_ID],
+                    client_request_id=request[CLIENT_ID],
                     endpoint=endpoint,
                     received=received,
                 )
@@ -262,6 +266,33 @@ PROXY: Final = web.AppKey("proxy", Proxy)
 
 
 @web.middleware
+async def request_ids(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The request's id: the client's (request_id_header) or a new one, for the
+    response header (`_stamp`), the log lines (the `CURRENT` context variable)
+    and the engines."""
+    assigned = new_id()
+    given = client_id(request.headers, request.app[PROXY].config.request_id_header)
+    request[ROUTER_ID] = assigned
+    request[CLIENT_ID] = given
+    token = CURRENT.set(given or assigned)
+    try:
+        return await handler(request)
+    finally:
+        CURRENT.reset(token)
+
+
+async def _stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every response the app sends (answers, errors, streams)
+    carries the request id."""
+    name = request.app[PROXY].config.request_id_header
+    rid = request.get(CLIENT_ID) or request.get(ROUTER_ID)
+    if rid:
+        response.headers[name] = rid
+
+
+@web.middleware
 async def errors_as_json(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
@@ -290,8 +321,12 @@ async def errors_as_json(
 def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Application:
     """The whole router as an aiohttp Application (run it with web.run_app or a runner)."""
     proxy = Proxy(config, plugin_manager)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[errors_as_json])
+    app = web.Application(
+        client_max_size=config.max_body_bytes, middlewares=[request_ids, errors_as_json]
+    )
     app[PROXY] = proxy
+    app.on_response_prepare.append(_stamp)
+    install_log_filter()
     app.cleanup_ctx.append(proxy.lifecycle)
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     for path, handler in (

@@ -53,6 +53,15 @@ DEFAULT_SESSION_HEADERS = ("x-session-id", "x-smg-routing-key", "x-sgl-routing-k
 DEFAULT_SESSION_FIELDS = ("session_id", "session_params.session_id", "user")
 
 
+_TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _header_name(value: Any) -> str | None:
+    if not value or not set(value) <= _TCHAR:
+        return "an HTTP header name (letters, digits and -, no spaces)"
+    return None
+
+
 class ConfigError(SettingError):
     """A setting with a bad value; the message names the setting and its source."""
 
@@ -195,6 +204,12 @@ class ServerConfig:
     )
     session_fields: tuple[str, ...] = setting(
         DEFAULT_SESSION_FIELDS, "request body fields read for the session id after the headers"
+    )
+    request_id_header: str = setting(
+        "X-Request-Id",
+        "header carrying the request id: the client's echoed on every response (or one the "
+        "router assigns), forwarded to the engines and written in the request's log lines",
+        check=_header_name,
     )
     log_dir: str | None = setting(
         None, "directory for routing-decisions/session-binding/admission-events JSONL logs"

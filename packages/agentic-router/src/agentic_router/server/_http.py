@@ -32,6 +32,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 
 from agentic_router.server._parse import error_body
+from agentic_router.server._request_id import ROUTER_ID, client_id, new_id
 
 log = logging.getLogger("agentic_router.server")
 
@@ -55,6 +56,7 @@ class RouterProtocol(web.RequestHandler):
         "_head_bytes",
         "_head_timer",
         "_read_timeout_s",
+        "_request_id_header",
         "read_deadline",
     )
 
@@ -64,10 +66,12 @@ class RouterProtocol(web.RequestHandler):
         *,
         read_timeout_s: float,
         on_client_error: Callable[[int], None] | None = None,
+        request_id_header: str = "X-Request-Id",
         **kwargs: Any,
     ) -> None:
         super().__init__(manager, **kwargs)
         self._read_timeout_s = read_timeout_s
+        self._request_id_header = request_id_header
         self._counted = on_client_error or _ignore
         self._awaiting_head = True
         self._head_timer: asyncio.TimerHandle | None = None
@@ -121,17 +125,20 @@ class RouterProtocol(web.RequestHandler):
             return
         if self._head_bytes:
             self._counted(408)
+            rid = new_id()
             log.warning(
-                "client error: 408 from %s: request head not complete within %gs",
+                "client error: 408 from %s: request head not complete within %gs request_id=%s",
                 self.peername,
                 self._read_timeout_s,
+                rid,
             )
             body = json.dumps(
                 error_body(408, f"request not received within {self._read_timeout_s:g}s")
             ).encode()
             transport.write(
                 b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+                b"%s: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (self._request_id_header.encode(), rid.encode(), len(body), body)
             )
         self.force_close()
 
@@ -144,10 +151,20 @@ class RouterProtocol(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
+        # The request id: the client's when the head got far enough to carry it.
+        # (A handler's own id is in the log line through the context variable,
+        # when this runs in its task; a parser error has no handler.)
+        rid = (
+            client_id(request.headers, self._request_id_header)
+            or request.get(ROUTER_ID)
+            or new_id()
+        )
         if status >= 500:
             # A handler raised: a router bug, worth its traceback. The client
             # is not told what it was.
-            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+            self.log_exception(
+                "Error handling request from %s request_id=%s", request.remote, rid, exc_info=exc
+            )
             text = "internal error in the router"
         else:
             if isinstance(exc, HttpProcessingError) and exc.message:
@@ -156,12 +173,18 @@ class RouterProtocol(web.RequestHandler):
             self._counted(status)
             if self._request_count == 1 and isinstance(exc, BadHttpMethod):
                 # Often not HTTP at all (TLS or a scanner on this port): as aiohttp does.
-                log.debug("client error: %d from %s: %s", status, request.remote, text)
+                log.debug(
+                    "client error: %d from %s: %s request_id=%s", status, request.remote, text, rid
+                )
             else:
-                log.warning("client error: %d from %s: %s", status, request.remote, text)
+                log.warning(
+                    "client error: %d from %s: %s request_id=%s", status, request.remote, text, rid
+                )
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent; cannot send the error")
-        response = web.json_response(error_body(status, text), status=status)
+        response = web.json_response(
+            error_body(status, text), status=status, headers={self._request_id_header: rid}
+        )
         response.force_close()
         return response
 
@@ -177,6 +200,7 @@ class _RouterServer(web.Server):
         handler_cancellation: bool,
         read_timeout_s: float,
         on_client_error: Callable[[int], None] | None,
+        request_id_header: str,
         loop: asyncio.AbstractEventLoop,
         **protocol_options: Any,
     ) -> None:
@@ -191,6 +215,7 @@ class _RouterServer(web.Server):
         self._protocol_options = protocol_options
         self._read_timeout_s = read_timeout_s
         self._on_client_error = on_client_error
+        self._request_id_header = request_id_header
 
     def __call__(self) -> RouterProtocol:
         return RouterProtocol(
@@ -198,6 +223,7 @@ class _RouterServer(web.Server):
             loop=self._protocol_loop,
             read_timeout_s=self._read_timeout_s,
             on_client_error=self._on_client_error,
+            request_id_header=self._request_id_header,
             **self._protocol_options,
         )
 
@@ -206,7 +232,7 @@ class RouterRunner(web.AppRunner):
     """aiohttp's AppRunner (the app's startup and cleanup as usual) serving through
     `RouterProtocol`; `read_timeout_s` is the request-read deadline."""
 
-    __slots__ = ("_on_client_error", "_protocol_options", "_read_timeout_s")
+    __slots__ = ("_on_client_error", "_protocol_options", "_read_timeout_s", "_request_id_header")
 
     def __init__(
         self,
@@ -214,12 +240,14 @@ class RouterRunner(web.AppRunner):
         *,
         read_timeout_s: float,
         on_client_error: Callable[[int], None] | None = None,
+        request_id_header: str = "X-Request-Id",
         **kwargs: Any,
     ) -> None:
         runner_only = ("handle_signals", "shutdown_timeout", "handler_cancellation")
         self._protocol_options = {k: v for k, v in kwargs.items() if k not in runner_only}
         self._read_timeout_s = read_timeout_s
         self._on_client_error = on_client_error
+        self._request_id_header = request_id_header
         super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
@@ -230,6 +258,7 @@ class RouterRunner(web.AppRunner):
             handler_cancellation=plain.handler_cancellation,
             read_timeout_s=self._read_timeout_s,
             on_client_error=self._on_client_error,
+            request_id_header=self._request_id_header,
             loop=asyncio.get_running_loop(),
             **self._protocol_options,
         )

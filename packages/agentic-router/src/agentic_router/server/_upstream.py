@@ -305,8 +305,8 @@ class EngineClient:
             value = src.get(name)
             if value is not None:
                 headers[name] = value
-        if forwarded_id is not None:
-            headers["X-Request-Id"] = forwarded_id
+        # The engine sees the id the client sees (the router's when the client sent none).
+        headers["X-Request-Id"] = forwarded_id or ctx.client_request_id or ctx.request_id
         return headers
 
     async def forward(
