@@ -330,6 +330,67 @@ def test_deep_json_from_an_engine_leaves_v1_models_working() -> None:
     run(main())
 
 
+def _padded_models(model: str, size: int) -> bytes:
+    """A valid GET /v1/models answer of about `size` bytes."""
+    return json.dumps({"object": "list", "data": [{"id": model}], "pad": "x" * size}).encode()
+
+
+# (fault, what the breaker's last error says): an answer over max_response_bytes,
+# declared or chunked without end, or one that trickles past the deadline
+_ENDLESS = [("huge", "too large"), ("endless", "too large"), ("trickle", "too slow")]
+
+
+@pytest.mark.parametrize(("fault", "error"), _ENDLESS)
+def test_a_huge_or_endless_v1_models_answer_is_that_engines_failure(fault: str, error: str) -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm", model="bad"), FakeEngine("vllm", model="good")
+        if fault == "huge":
+            bad.faults.models_body = _padded_models("bad", 2 << 20)
+        else:
+            bad.faults.endless_admin_s = 0.0 if fault == "endless" else 0.2
+        cfg = config(
+            engines=[bad.url, good.url],
+            max_response_bytes=1 << 20,
+            # the trickle (64 KiB per 0.2 s) reaches the cap only after 3 s
+            health_check_timeout_s=0.5 if fault == "trickle" else 30.0,
+        )
+        async with bad, good, running_router(cfg) as r:
+            async with aiohttp.ClientSession() as s, s.get(r.url + "/v1/models") as resp:
+                assert resp.status == 200
+                assert [m["id"] for m in (await resp.json())["data"]] == ["good"]
+            assert r.proxy.endpoints[0].breaker.failures_total == 1
+            assert error in str(r.proxy.endpoints[0].breaker.last_error)
+            assert r.proxy.endpoints[1].breaker.failures_total == 0
+
+    run(main())
+
+
+@pytest.mark.parametrize(("fault", "error"), _ENDLESS)
+def test_a_huge_or_endless_health_answer_fails_the_health_check(fault: str, error: str) -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        if fault == "huge":
+            eng.faults.health_body = b"x" * (2 << 20)
+        else:
+            eng.faults.endless_admin_s = 0.0 if fault == "endless" else 0.2
+        cfg = config(
+            engines=[eng.url],
+            max_response_bytes=1 << 20,
+            health_check_interval_s=0.02,
+            health_check_timeout_s=0.5 if fault == "trickle" else 30.0,
+            failure_threshold=2,
+            circuit_open_s=3600,
+        )
+        async with eng, running_router(cfg) as r:
+            ep = r.proxy.endpoints[0]
+            await eventually(lambda: ep.breaker.state == "open", "health checks opened it")
+            assert ep.breaker.health_failures >= 2
+            want = "over max_response_bytes" if error == "too large" else "Timeout"
+            assert want in str(ep.breaker.last_error)
+
+    run(main())
+
+
 def test_deep_json_from_a_vllm_prefill_engine_is_its_failure() -> None:
     async def main() -> None:
         p = FakeEngine("vllm", role="prefill", engine_id="P0")

@@ -21,7 +21,7 @@ from agentic_router.server._accounting import Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
-from agentic_router.server._upstream import EngineClient, json_error
+from agentic_router.server._upstream import EngineClient, TooLarge, json_error, read_capped
 
 #: what GET /health says of an engine, by its circuit-breaker state (kept beside it):
 #: an operator reads "healthy", not the breaker's "closed"
@@ -53,7 +53,16 @@ class AdminEndpoints:
                 async with session.get(ep.spec.url + "/v1/models", timeout=timeout) as r:
                     if r.status != 200:
                         return []
-                    raw = await r.read()
+                    # The timeout covers the body: an answer that never ends is cut at
+                    # the deadline or at max_response_bytes, the engine's failure.
+                    try:
+                        raw = await read_capped(r, self.config.max_response_bytes)
+                    except TooLarge:
+                        self.acct.record_failure(ep, "garbage", "GET /v1/models: too large")
+                        return []
+                    except TimeoutError:
+                        self.acct.record_failure(ep, "timeout", "GET /v1/models: body too slow")
+                        return []
             except (aiohttp.ClientError, TimeoutError, OSError):
                 return []
             try:

@@ -548,10 +548,13 @@ class HealthChecker:
         acct = self.acct
         timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
         try:
+            # the timeout covers the body; its size is capped like any engine answer
             async with session.get(ep.spec.url + "/health", timeout=timeout) as resp:
-                await resp.read()
+                await read_capped(resp, self.config.max_response_bytes)
                 ok = resp.status == 200
                 problem = f"GET /health answered {resp.status}"
+        except TooLarge:
+            ok, problem = False, "GET /health answered over max_response_bytes"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok, problem = False, f"GET /health failed: {exc!r}"
         acct.record_health(ep, ok, problem)

@@ -61,6 +61,10 @@ class Faults:
     no_done: bool = False  # end streams cleanly but without `data: [DONE]`
     models_body: bytes | None = None  # what GET /v1/models answers (200) instead
     health_status: int = 200  # what GET /health answers
+    health_body: bytes | None = None  # ... with this body (default: none)
+    # GET /v1/models and /health answer 200 and then write without end, one chunk
+    # every this many seconds (0: as fast as the socket takes it), until the client leaves
+    endless_admin_s: float | None = None
     kv_wait_timeout_s: float = 5.0  # decode: how long to wait for the prefill's KV
 
 
@@ -457,7 +461,20 @@ class FakeEngine:
 
     # ---- the other endpoints ----
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _endless(self, request: web.Request, interval_s: float) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        chunk = b'{"data":[' + b" " * 65536
+        with contextlib.suppress(ConnectionResetError, ConnectionError):
+            while True:
+                await response.write(chunk)
+                await asyncio.sleep(interval_s)
+        return response
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if self.faults.endless_admin_s is not None:
+            return await self._endless(request, self.faults.endless_admin_s)
         if self.faults.models_body is not None:
             return web.Response(body=self.faults.models_body, content_type="application/json")
         owned_by = "vllm" if self.flavor == "vllm" else "sglang"
@@ -477,8 +494,10 @@ class FakeEngine:
             }
         )
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=self.faults.health_status)
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        if self.faults.endless_admin_s is not None:
+            return await self._endless(request, self.faults.endless_admin_s)
+        return web.Response(status=self.faults.health_status, body=self.faults.health_body)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.flavor == "vllm":
