@@ -195,7 +195,11 @@ def test_replay_command_prints_json(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert (tmp_path / "results.json").is_file()
     assert (tmp_path / "logs" / "lmetric-feed-on" / "routing-decisions.jsonl").is_file()
     assert main(["analyze", str(tmp_path / "logs")]) == 0
-    assert "switches/session" in capsys.readouterr().out
+    from_logs = capsys.readouterr().out
+    assert "switches/session" in from_logs
+    # the results directory itself: the logs are two levels down, and are found
+    assert main(["analyze", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == from_logs
 
 
 @pytest.mark.parametrize(
@@ -230,6 +234,10 @@ def test_demo_runs_and_prints_the_comparison(
     assert len(payload["runs"]) == 5 * 2 * 4
     assert {r["speedup"] for r in payload["runs"]} == {1.0, 2.0, 3.0, 4.0}
     assert all(r["completed"] == r["requests"] for r in payload["runs"])
+    # small by default: the summary and the plot, no per-request records or routing logs
+    written = {p.name: p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()}
+    assert not [name for name in written if name.endswith(".jsonl")], sorted(written)
+    assert sum(written.values()) < 1_000_000, written
     # a load sweep must load the cluster: naive routing at x4 is far slower than at x1
     naive = {
         r["speedup"]: r["ttft_s"]["mean"]

@@ -4,8 +4,9 @@ and report what they say: D-switches and streaks per session, per-worker
 balance, and the admission mode x outcome x reason cross-table.
 
 DIR is one log directory (with `routing-decisions.jsonl`,
-`session-binding.jsonl`, `admission-events.jsonl`) or a directory of them
-(e.g. a replay's `logs/`), in which case each is analysed in turn. Missing
+`session-binding.jsonl`, `admission-events.jsonl`) or any directory above
+them (e.g. a replay's or the demo's results directory, or its `logs/`), in
+which case each log directory found below is analysed in turn. Missing
 files are reported as absent; a torn or malformed line is skipped and counted.
 The proxy's `request-outcomes.jsonl`, when present, adds the router-side TTFT
 and end-to-end percentiles and the outcome counts.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,12 +65,17 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 
 def log_dirs(root: Path) -> list[Path]:
-    """`root` itself if it holds logs, else its subdirectories that do (sorted)."""
+    """`root` itself if it holds logs, else every directory below it that does, at any
+    depth (sorted): a replay's or the demo's results directory keeps them two levels
+    down, in `logs/<policy>-feed-<on|off>[-x<load>]/`."""
     if any((root / s).is_file() for s in STREAMS):
         return [root]
-    return sorted(
-        d for d in root.iterdir() if d.is_dir() and any((d / s).is_file() for s in STREAMS)
-    )
+    found = [
+        Path(d)
+        for d, _, files in os.walk(root)
+        if Path(d) != root and any(s in files for s in STREAMS)
+    ]
+    return sorted(found)
 
 
 def analyze_dir(directory: Path) -> dict[str, Any]:
@@ -275,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     if not dirs:
         sys.stderr.write(
             f"agentic-router analyze: error: no {', '.join(STREAMS)} in {root} "
-            "or its subdirectories\n"
+            "or below it (replay and demo write them only without --no-logs / with --logs)\n"
         )
         return 2
     reports = [analyze_dir(d) for d in dirs]

@@ -34,6 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, default=2, help="runs in parallel worker processes (default 2)"
     )
+    # Off by default: 40 runs of per-request records are ~40 MB, and the decision logs
+    # ~3 MB a run, for a command meant to be tried once.
+    parser.add_argument(
+        "--records",
+        action="store_true",
+        help="also write each run's per-request records (requests-*.jsonl, ~1 MB a run)",
+    )
+    parser.add_argument(
+        "--logs",
+        action="store_true",
+        help="also write each run's routing logs (logs/, ~3 MB a run; read by `analyze OUT`)",
+    )
 
 
 HEADER = (
@@ -123,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         out=args.out or Path("agentic-router-results") / "demo",
         no_plots=args.no_plots,
-        no_logs=True,
+        no_logs=not args.logs,
+        records=args.records,
         kv_capacity_tokens=None,
         max_batched_tokens=None,
         publisher_stall_s=DEFAULT_PUBLISHER_STALL_S,

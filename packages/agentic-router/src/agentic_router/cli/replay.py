@@ -274,9 +274,10 @@ def run_matrix_cli(
     for s in per_run:
         s["trace"] = ts["name"]
     summaries = average_seeds(per_run)
-    for r in runs:
-        s = r.summary
-        write_records(mp.out_dir / f"requests-{_file_label(s['label'])}.jsonl", r.records)
+    if getattr(args, "records", True):  # the demo writes them only when asked
+        for r in runs:
+            s = r.summary
+            write_records(mp.out_dir / f"requests-{_file_label(s['label'])}.jsonl", r.records)
     payload = {
         "command": command,
         "trace": ts,
@@ -377,7 +378,8 @@ def _present(
     else:
         out.write("\n" + format_table(summaries, load=mp.plan.sweeping) + "\n\n")
         out.write(_wrap(TABLE_NOTES) + "\n\n")
-    out.write(f"results: {mp.out_dir / 'results.json'} (per-request records: requests-*.jsonl)\n")
+    records = " (per-request records: requests-*.jsonl)" if getattr(args, "records", True) else ""
+    out.write(f"results: {mp.out_dir / 'results.json'}{records}\n")
     if not args.no_logs:
         out.write(
             f"logs:    {mp.out_dir / 'logs'}/<policy>-feed-<on|off>[-x<load>]/ "
