@@ -27,7 +27,13 @@ from aiohttp import web
 
 from agentic_common import redact_uri
 from agentic_router.server._config import EngineSpec, ServerConfig
-from agentic_router.server._exposition import Family
+from agentic_router.server._exposition import (
+    DECISION_BUCKETS,
+    INTER_TOKEN_BUCKETS,
+    LATENCY_BUCKETS,
+    Family,
+    Histogram,
+)
 from agentic_router.server._health import CLOSED, Breaker
 from agentic_router.server._parse import ParsedRequest
 from agentic_router.server._routing import RoutingCore
@@ -93,6 +99,11 @@ class RequestContext:
     outcome: str = ""  # the agentic_router_requests_total outcome label
     worker: str | None = None  # engine id of the latest decision's worker
     decode_worker: str | None = None
+    policy: str = "none"  # the latest decision's policy (the histograms' label)
+
+    def engine(self) -> str:
+        """The engine that answers the client (P/D: the decode engine), or "none"."""
+        return self.decode_worker or self.worker or "none"
 
 
 class Telemetry:
@@ -133,8 +144,46 @@ class Telemetry:
             "(they need --pd-protocol vllm and engines with a KV connector)",
         )
 
+        # Latency histograms, labelled by the answering engine and the policy.
+        self.ttft = Histogram(
+            "agentic_router_ttft_seconds",
+            "time from receiving a request to the first response bytes from the engine",
+            ("engine", "policy"),
+            LATENCY_BUCKETS,
+        )
+        self.duration = Histogram(
+            "agentic_router_request_duration_seconds",
+            "time from receiving a routed request to the end of its answer",
+            ("engine", "policy"),
+            LATENCY_BUCKETS,
+        )
+        self.inter_token = Histogram(
+            "agentic_router_inter_token_seconds",
+            "gaps between the stream chunks relayed to the client (a chunk is usually one "
+            "token's event)",
+            ("engine", "policy"),
+            INTER_TOKEN_BUCKETS,
+        )
+        self.decision_time = Histogram(
+            "agentic_router_decision_seconds",
+            "time the Router took to decide a request's worker",
+            ("engine", "policy"),
+            DECISION_BUCKETS,
+        )
+        self.engine_requests = Family(
+            "agentic_router_engine_requests_total",
+            "counter",
+            "routed requests by answering engine, HTTP status and outcome",
+            ("engine", "status", "outcome"),
+        )
+
     def families(self) -> list[Family]:
         return [
+            self.ttft,
+            self.duration,
+            self.inter_token,
+            self.decision_time,
+            self.engine_requests,
             self.requests,
             self.decisions,
             self.retries,
@@ -264,6 +313,19 @@ class Accounting:
         self.telemetry.requests.inc(ctx.endpoint, outcome)
         ctx.outcome = outcome
 
+    def finish(self, ctx: RequestContext, response: web.StreamResponse | None) -> None:
+        """A routed request ended: its latency histograms, its engine counter and its
+        request-outcomes.jsonl line."""
+        t = self.telemetry
+        engine = ctx.engine()
+        first = ctx.first_token
+        if first is not None:
+            t.ttft.observe(first - ctx.received, engine, ctx.policy)
+        t.duration.observe(time.monotonic() - ctx.received, engine, ctx.policy)
+        status = "none" if response is None else str(response.status)
+        t.engine_requests.inc(engine, status, ctx.outcome or "unknown")
+        self.log_outcome(ctx, response)
+
     def log_outcome(self, ctx: RequestContext, response: web.StreamResponse | None) -> None:
         """One request-outcomes.jsonl line: the router's own TTFT and end-to-end time."""
         if self.logs is None:
@@ -323,9 +385,12 @@ class Accounting:
         """Count and log a decision about to be acted on. `home` is the session's
         serving worker before this request (the serving pool's Decision.home), so a
         change of serving worker counts as a migration."""
-        self.telemetry.decisions.inc(str(decision.policy), str(decision.reason))
+        policy = str(decision.policy)
+        self.telemetry.decisions.inc(policy, str(decision.reason))
         ctx.worker = self.endpoints[worker].spec.engine_id
         ctx.decode_worker = None if decode is None else self.endpoints[decode].spec.engine_id
+        ctx.policy = policy
+        self.telemetry.decision_time.observe(self.core.last_decision_s, ctx.engine(), policy)
         # A migration: decode moved off the prefill worker (aggregated Mechanism B),
         # or the session's serving worker changed (its decode worker in P/D).
         pd = self.config.pd_mode

@@ -191,7 +191,7 @@ class Proxy:
                     acct.count(ctx, "client_disconnect")
                     raise
                 finally:
-                    acct.log_outcome(ctx, response)
+                    acct.finish(ctx, response)
             finally:
                 self.inflight -= 1
         finally:

@@ -16,6 +16,7 @@ exported on /metrics.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ class RoutingCore:
             self._slot_pool.extend([pool] * len(ids))
         self.router_config = next(iter(self.pools.values())).router.config
         self._owner: dict[str, Pool] = {}
+        self.last_decision_s = 0.0  # how long the latest decide() took
         # Only ask the tokenize hook when a plugin implements it (a pluggy call
         # with no implementations still costs microseconds per request).
         self._tokenize_pm = (
@@ -115,6 +117,7 @@ class RoutingCore:
         if len(local_ex) >= pool.size:
             return None
         saved = [(w, router.workers.healthy(w)) for w in local_ex]
+        started = time.perf_counter()
         for w in local_ex:
             router.set_worker_health(w, False)
         try:
@@ -122,6 +125,8 @@ class RoutingCore:
         finally:
             for w, healthy in saved:
                 router.set_worker_health(w, healthy)
+            # read by Accounting.note_decision (agentic_router_decision_seconds)
+            self.last_decision_s = time.perf_counter() - started
         if decision.worker in local_ex:  # every other worker was unhealthy too
             return None
         if pool.offset == 0:

@@ -466,6 +466,9 @@ class EngineClient:
                 )
                 idle = self.config.stream_idle_timeout_s
                 tail = ready
+                # one observe per chunk relayed: the gap since the previous one
+                gaps = acct.telemetry.inter_token.child(ctx.engine(), ctx.policy)
+                last = ctx.first_token
                 try:
                     ctx.started = True
                     await out.prepare(ctx.request)
@@ -484,6 +487,9 @@ class EngineClient:
                         if ready:
                             tail = ready
                             await out.write(ready)
+                            now = time.monotonic()
+                            gaps.observe(now - last)
+                            last = now
                         if events.problem:
                             fault = (
                                 "garbage",
