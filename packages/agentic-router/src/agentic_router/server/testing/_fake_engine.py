@@ -206,6 +206,10 @@ class FakeEngine:
             return _error(400, "body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "body must be an object")
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            # a real engine validates its request model: a client's bad field is a 400
+            return _error(400, "'stream_options' must be an object")
         chat = request.path.endswith("/chat/completions")
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append({"path": request.path, "headers": headers, "body": body})
