@@ -220,7 +220,7 @@ def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
 ) -> None:
     """Between two snapshots, the one worker the snapshot showed with room must not take
     every request: its free KV shrinks by what the router placed there since."""
-    router = make_router(2, "load_only", kv_wall_frac=0.9)
+    router = make_router(2, "unified", kv_wall_frac=0.9)
     # 97 % used: 300 blocks (4800 tokens) free on 0; 1 is full (160 tokens free)
     router.apply_engine_states(
         {
@@ -237,6 +237,41 @@ def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
     # 4800 -> 2800 -> 800 tokens free on 0: the third one no longer fits there, both
     # are walls, and the least-loaded worker takes it
     assert picks == [0, 0, 1]
+
+
+def test_min_ttft_waits_for_kv_room_on_the_worker_holding_the_cache(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    """A full KV cache is a short wait for running requests to finish, not an exclusion:
+    the worker holding 60k tokens of the request's prefix still beats a 3 s re-prefill."""
+    router = make_router(2, "min_ttft")
+    warm = router.route(make_request(60_000, prefix="ctx", request_id="w")).worker
+    router.mark_prefill_completed("w")
+    router.free("w")
+    cold = 1 - warm
+    # 99.9 % used: 160 tokens free, less than the 1000-token append and its output
+    router.apply_engine_states(
+        {f"engine_{warm}": make_engine_state(warm, gpu_kv_used_frac=0.999, num_running=4)}
+    )
+    d = router.decide(make_request(61_000, prefix="ctx"))
+    assert d.worker == warm
+    parts = {c.worker: c.parts for c in d.candidates}
+    assert 0.0 < parts[warm]["kv_wait"] < 1.0
+    assert parts[cold]["kv_wait"] == 0.0
+
+
+def test_a_request_larger_than_the_whole_kv_cache_never_goes_there(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    router = make_router(2, "min_ttft")
+    router.add_request(make_request(2000, request_id="busy"), 1)  # 1 is busier
+    # 0 is idle, but its 100-block (1600-token) cache cannot hold a 3000-token prompt
+    router.apply_engine_states(
+        {"engine_0": make_engine_state(0, gpu_blocks_total=100, gpu_blocks_free=100)}
+    )
+    d = router.decide(make_request(3000))
+    assert d.worker == 1
+    assert {c.worker: c.parts for c in d.candidates}[0]["kv_wait"] >= 1e9
 
 
 def test_target_falls_back_without_feed(

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from typing import Final
 
 from agentic_router.cost import (
+    DEFAULT_OUTPUT_TOKENS,
     TtftModel,
     eviction_cost,
     imposed_delay,
+    kv_wait,
     predicted_ttft,
     work_ahead,
 )
@@ -56,10 +58,6 @@ def is_big_prefill(state: InstanceState, threshold: int) -> bool:
         return unknown >= threshold
     r = state.r_max_prefill_remaining
     return r is not None and r >= threshold and unknown >= threshold
-
-
-#: tokens a request is assumed to generate when it does not say (`max_tokens` unset)
-DEFAULT_OUTPUT_TOKENS: Final = 256
 
 
 def is_kv_wall(state: InstanceState, wall: float, need_tokens: int = 0) -> bool:
@@ -226,6 +224,22 @@ class EvictionCostScorer:
             ctx.uncached_tokens, ctx.working_sets, ctx.cache_capacities, self.model
         )
         return [w * c for c in costs]
+
+
+class KvWaitScorer:
+    name = "kv_wait"
+    description = (
+        "seconds the request waits for KV cache room where the worker's free KV (the "
+        "snapshot's, less what the router placed since) cannot hold its uncached tokens "
+        "and output (needs the feed; 0 without it)"
+    )
+
+    def __init__(self, model: TtftModel) -> None:
+        self.model = model
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        m = self.model
+        return [kv_wait(s, n, m) for s, n in zip(ctx.states, kv_need(ctx), strict=True)]
 
 
 class PredictedTtftScorer:
@@ -396,6 +410,7 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
         LoadScorer(),
         LMetricScorer(config.lmetric_decode_weight, model),
         PredictedTtftScorer(model),
+        KvWaitScorer(model),
         ImposedDelayScorer(model, config.imposed_delay_weight),
         EvictionCostScorer(model, config.eviction_cost_weight),
         SessionAffinity(),
@@ -408,7 +423,6 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
 
 @hookimpl
 def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
-    avoid = ("avoid_big_prefill", "avoid_kv_wall")
     return [
         PolicySpec("round_robin", "baseline: each worker in turn", (("round_robin", 1.0),)),
         PolicySpec("random", "baseline: uniform random (seeded)", (("random", 1.0),)),
@@ -416,7 +430,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "load_only",
             "least effective load; no cache, no affinity",
             (("load", 1.0),),
-            filters=avoid,
+            filters=("avoid_big_prefill",),
             tie_break=("eff_ongoing_tokens",),
         ),
         PolicySpec(
@@ -424,7 +438,6 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "LMetric: uncached prefill tokens (plus a big prefill still ahead) x (load + 1), "
             "plus optional decode weight",
             (("lmetric", 1.0),),
-            filters=("avoid_kv_wall",),
             tie_break=("uncached_tokens", "eff_num_requests"),
         ),
         PolicySpec(
@@ -444,12 +457,16 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
         PolicySpec(
             "min_ttft",
             "the lowest predicted TTFT (work ahead and the request's own uncached tokens at "
-            "the prefill rate, decode interference, stall remaining) plus what the placement "
-            "costs the worker's other requests (the waiting its prefill imposes on the next "
-            "arrivals, the re-prefill its evictions cause); sessions stay where their cache "
-            "makes that lowest",
-            (("predicted_ttft", 1.0), ("imposed_delay", 1.0), ("eviction_cost", 1.0)),
-            filters=("avoid_kv_wall",),
+            "the prefill rate, decode interference, stall remaining, the wait for KV room) "
+            "plus what the placement costs the worker's other requests (the waiting its "
+            "prefill imposes on the next arrivals, the re-prefill its evictions cause); "
+            "sessions stay where their cache makes that lowest",
+            (
+                ("predicted_ttft", 1.0),
+                ("kv_wait", 1.0),
+                ("imposed_delay", 1.0),
+                ("eviction_cost", 1.0),
+            ),
             tie_break=("uncached_tokens", "eff_num_requests"),
         ),
     ]
