@@ -177,10 +177,12 @@ def test_the_router_routes_around_an_sglang_engine_mid_prefill(
             scheduler.start_prefill(PROMPT)
         else:
             scheduler.decode(3, 6000)
+    # 5 s max age: on a loaded machine a publisher thread can lag a second, and an
+    # engine gone stale falls back to its shadow (no decodes) and looks emptiest
     router = Router(
         [f"http://engine-{i}:30000" for i in range(N)],
         policy,
-        config=RouterConfig(max_age_s=1.0, stall_hold_s=60.0),
+        config=RouterConfig(max_age_s=5.0, stall_hold_s=60.0),
     )
     # The shadow alone would send work to BIG: the router has dispatched nothing
     # there, but several requests to every other engine.
@@ -188,6 +190,7 @@ def test_the_router_routes_around_an_sglang_engine_mid_prefill(
         if w != BIG:
             for k in range(2):
                 router.add_request(_request(1000 + 10 * w + k), w)
+    placed = time.time()
 
     def remaining() -> int | None:
         return router.instance_state(BIG).r_max_prefill_remaining
@@ -204,8 +207,15 @@ def test_the_router_routes_around_an_sglang_engine_mid_prefill(
 
         loops = asyncio.create_task(scheduler_loops())
         try:
+            # every engine's snapshot shows its decodes and was taken after the placements
+            # above: the router adds what it placed since a snapshot to the snapshot's
+            # load, so one engine with an older snapshot than the others looks busier
+            def decoding(w: int) -> bool:
+                real = router.instance_state(w).real
+                return real is not None and real.num_decoding == 3 and real.ts > placed
+
             await _until(
-                lambda: all(router.instance_state(w).fresh for w in range(N)), "every engine"
+                lambda: all(decoding(w) for w in range(N) if w != BIG), "every engine's decodes"
             )
             await _until(lambda: remaining() == PROMPT - CHUNK, "BIG's first chunk")
             big = router.instance_state(BIG)
