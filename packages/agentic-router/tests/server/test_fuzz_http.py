@@ -305,3 +305,12 @@ def test_no_client_input_breaks_the_router(served: Served, req: Request) -> None
     assert _wait_settled(served) == (0, 0, 0), "a reservation leaked"
     health = _first_response(_exchange(served.host, served.port, b"GET /health HTTP/1.0\r\n\r\n"))
     assert health[0] == 200, health
+
+
+def test_an_answer_that_leaves_a_lying_body_unread_ends_the_connection(served: Served) -> None:
+    """Found by the fuzzer: GET /v1/models with a Content-Length longer than the body
+    was answered, then held open while aiohttp drained a body that never came."""
+    head = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 358\r\n\r\n"
+    raw = _exchange(served.host, served.port, head + b'{"model": "tiny"}')
+    assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
+    assert b'"data"' in raw

@@ -251,7 +251,14 @@ async def refuse(
     drains what the client still sends for a bounded time, so the answer is not
     lost to a reset."""
     response = client_error(request, status, message, param=param, headers=headers)
-    if request.content.is_eof():
+    return await end_if_unread(request, response)
+
+
+async def end_if_unread(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """With the request body left unread (an answer that did not need it, or a lying
+    Content-Length), send the answer and shut our side: otherwise aiohttp drains the
+    rest first and the client waits for it (up to its lingering time, 10 s)."""
+    if response.prepared or request.content.is_eof():
         return response
     response.force_close()
     await response.prepare(request)
@@ -307,7 +314,7 @@ async def errors_as_json(
     if protocol is not None:
         protocol.head_received()
     try:
-        return await handler(request)
+        return await end_if_unread(request, await handler(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
