@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -87,3 +89,19 @@ def chat_body(stream: bool = False, **extra: Any) -> dict[str, Any]:
 @pytest.fixture
 def client_timeout() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=30)
+
+
+def serve(*args: str) -> subprocess.Popen[str]:
+    """`agentic-router serve ARGS` in a child process, stdout and stderr merged."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from agentic_router.cli import main; raise SystemExit(main())",
+            "serve",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

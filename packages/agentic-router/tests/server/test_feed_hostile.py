@@ -23,22 +23,7 @@ from agentic_common.testing import free_port, make_state, redis_server, redis_ur
 from agentic_router import Router, RoutingRequest, StateFeed
 from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
-from .conftest import config
-
-
-def _serve(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from agentic_router.cli import main; raise SystemExit(main())",
-            "serve",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+from .conftest import config, serve
 
 
 def _get(url: str) -> str | None:
@@ -65,7 +50,7 @@ def test_a_fifo_in_the_state_directory_neither_blocks_the_feed_nor_sigterm(
     fifo = state / "engine_1.json"
     os.mkfifo(fifo)
     port = free_port()
-    proc = _serve(
+    proc = serve(
         "--engine", f"engine_0=http://127.0.0.1:{free_port()}",
         "--engine-state-uri", state.as_uri(),
         "--host", "127.0.0.1", "--port", str(port),

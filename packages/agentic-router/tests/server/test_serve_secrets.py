@@ -6,8 +6,6 @@ not appear in the startup log, in /state, or in an error message."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +14,8 @@ import pytest
 import redis
 
 from agentic_common.testing import RedisServer, free_port, redis_server  # noqa: F401 (fixture)
+
+from .conftest import serve
 
 SECRET = "s3cret-store-pw"
 ENGINE_SECRET = "engine-pw-77"
@@ -34,25 +34,10 @@ def protected_store(redis_server: RedisServer) -> Iterator[str]:  # noqa: F811
         )
 
 
-def _serve(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from agentic_router.cli import main; raise SystemExit(main())",
-            "serve",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def test_serve_never_shows_a_password(protected_store: str) -> None:
     port = free_port()
     engine = f"http://user:{ENGINE_SECRET}@127.0.0.1:{free_port()}"
-    proc = _serve(
+    proc = serve(
         "--engine", f"engine_0={engine}", "--engine-state-uri", protected_store,
         "--admin-token", TOKEN, "--host", "127.0.0.1", "--port", str(port),
     )  # fmt: skip
@@ -85,7 +70,7 @@ def test_serve_never_shows_a_password(protected_store: str) -> None:
 
 
 def test_a_bad_store_uri_is_refused_without_showing_its_password() -> None:
-    proc = _serve(
+    proc = serve(
         "--engine", "http://127.0.0.1:1",
         "--engine-state-uri", f"redis://:{SECRET}@127.0.0.1:1/0?ttl_ms=soon",
     )  # fmt: skip

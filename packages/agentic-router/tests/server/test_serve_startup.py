@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,28 +15,15 @@ import pytest
 
 from agentic_common.testing import free_port
 
+from .conftest import serve
+
 pytestmark = pytest.mark.e2e
 
 TOKEN = "token-kept-out-of-ps"
 
 
 def _serve(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from agentic_router.cli import main; raise SystemExit(main())",
-            "serve",
-            "--engine",
-            "http://127.0.0.1:9",
-            "--health-check-interval-s",
-            "0",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return serve("--engine", "http://127.0.0.1:9", "--health-check-interval-s", "0", *args)
 
 
 def _get_state(port: int, token: str, proc: subprocess.Popen[str]) -> int:
