@@ -39,7 +39,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,15 +49,10 @@ from typing import Any
 
 import aiohttp
 
+from agentic_common.testing import free_port
+
 _RUN_CLI = "import sys; from agentic_router.cli import main; sys.exit(main())"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentic-bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # ---- the processes ---------------------------------------------------------------
@@ -128,7 +122,7 @@ def _serve_engines(count: int) -> None:
             app.router.add_get("/{tail:.*}", get)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            port = _free_port()
+            port = free_port()
             await web.TCPSite(runner, "127.0.0.1", port).start()
             runners.append(runner)
             urls.append(f"http://127.0.0.1:{port}")
@@ -379,7 +373,7 @@ def main() -> int:
         procs.append(
             subprocess.Popen([sys.executable, __file__, "--publish", state_uri, str(len(urls))])
         )
-        a_port, s_port = _free_port(), _free_port()
+        a_port, s_port = free_port(), free_port()
         agentic_cmd = [
             sys.executable, "-c", _RUN_CLI, "serve", "--host", "127.0.0.1",
             "--port", str(a_port), "--policy", args.policy, "--engine-state-uri", state_uri,

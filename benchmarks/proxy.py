@@ -24,7 +24,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,9 @@ from typing import Any
 
 import aiohttp
 
+from agentic_common.testing import free_port
+
 PROMPT_BYTES = 2048
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -183,7 +177,7 @@ def main() -> int:
     try:
         assert fakes.stdout is not None
         urls: list[str] = json.loads(fakes.stdout.readline())["urls"]
-        port = _free_port()
+        port = free_port()
         router_url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "agentic_router.cli", "serve", "--host", "127.0.0.1",
                "--port", str(port), "--policy", args.policy, "--health-check-interval-s", "0",
@@ -195,7 +189,7 @@ def main() -> int:
         asyncio.run(_wait_up(router_url))
         base_url = ""
         if not args.no_baseline:
-            base_port = _free_port()
+            base_port = free_port()
             base_url = f"http://127.0.0.1:{base_port}"
             baseline = subprocess.Popen(
                 [sys.executable, __file__, "--serve-baseline", str(base_port), *urls], text=True
