@@ -137,13 +137,20 @@ def test_target_charges_a_big_prefill_it_did_not_place(
     assert rec[idle].parts["migration_target"] < 1.0
 
 
+def _warm_worker(router: Router, make_request: MakeRequest, tokens: int) -> int:
+    """Serve one finished request of `tokens` tokens with prefix "ctx": the worker that
+    now holds it."""
+    warm = router.route(make_request(tokens, prefix="ctx", request_id="w")).worker
+    router.mark_prefill_completed("w")
+    router.free("w")
+    return warm
+
+
 def test_a_mid_prefill_worker_holding_the_cache_can_still_win(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     router = make_router(2, "min_ttft")
-    warm = router.route(make_request(60_000, prefix="ctx", request_id="w")).worker
-    router.mark_prefill_completed("w")
-    router.free("w")
+    warm = _warm_worker(router, make_request, 60_000)
     cold = 1 - warm
     # the warm worker is 20k tokens into a prefill the router did not place
     router.apply_engine_states(
@@ -245,9 +252,7 @@ def test_min_ttft_waits_for_kv_room_on_the_worker_holding_the_cache(
     """A full KV cache is a short wait for running requests to finish, not an exclusion:
     the worker holding 60k tokens of the request's prefix still beats a 3 s re-prefill."""
     router = make_router(2, "min_ttft")
-    warm = router.route(make_request(60_000, prefix="ctx", request_id="w")).worker
-    router.mark_prefill_completed("w")
-    router.free("w")
+    warm = _warm_worker(router, make_request, 60_000)
     cold = 1 - warm
     # 99.9 % used: 160 tokens free, less than the 1000-token append and its output
     router.apply_engine_states(
