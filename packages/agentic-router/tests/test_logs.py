@@ -1,11 +1,22 @@
-"""The JSONL writer's background thread: every record lands, in order, without close."""
+"""The JSONL writer: its background thread lands every record, in order, without
+close; rotation splits no record and keeps the newest."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
-from agentic_router._logs import ADMISSION_EVENTS, SESSION_BINDING, JsonlLogs, read_jsonl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentic_router._logs import (
+    ADMISSION_EVENTS,
+    SESSION_BINDING,
+    JsonlLogs,
+    read_jsonl,
+    stream_files,
+)
 
 
 def test_background_writer_keeps_order_and_writes_while_open(tmp_path: Path) -> None:
@@ -28,3 +39,54 @@ def test_background_writer_keeps_order_and_writes_while_open(tmp_path: Path) -> 
     assert logs.written == 2000 + len(bound)
     assert logs.dropped == 0
     logs.close()  # idempotent
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=300), min_size=1, max_size=120),
+    max_bytes=st.integers(min_value=1, max_value=2000),
+    backups=st.integers(min_value=0, max_value=4),
+    background=st.booleans(),
+)
+def test_rotation_splits_no_record_and_keeps_the_newest(
+    sizes: list[int], max_bytes: int, backups: int, background: bool
+) -> None:
+    """Records of any size through the writer (its thread, or inline): every file
+    holds whole lines and stays under max_bytes unless one line alone is larger;
+    at most `backups` rotated files are kept; read oldest first, the files hold
+    the newest records in order, and with enough backups every record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = JsonlLogs(
+            tmp, background=background, flush_interval_s=0.001, max_bytes=max_bytes, backups=backups
+        )
+        for i, size in enumerate(sizes):
+            logs.admission(f"r{i}", "x" * size, None, mode="aggregated", admitted=True, reason="")
+        logs.close()
+        files = stream_files(tmp, ADMISSION_EVENTS)
+        assert len(files) <= backups + 1
+        kept: list[str] = []
+        for path in files:
+            raw = path.read_bytes()
+            lines = raw.splitlines()
+            assert not raw or raw.endswith(b"\n")
+            assert len(raw) <= max_bytes or len(lines) == 1
+            kept += [r["request_id"] for r in read_jsonl(path)]
+        written = [f"r{i}" for i in range(len(sizes))]
+        assert kept == written[len(written) - len(kept) :]  # the newest, in order
+        assert logs.dropped == 0
+        assert logs.written == len(sizes)
+        if backups >= logs.rotations:
+            assert kept == written
+
+
+def test_rotation_continues_an_existing_file_and_its_backups(tmp_path: Path) -> None:
+    """A restarted router counts the size of the file it appends to, and pushes the
+    backups a previous run left one step older."""
+    for run_id in ("a", "b"):
+        logs = JsonlLogs(tmp_path, background=False, max_bytes=400, backups=10)
+        for i in range(10):
+            logs.admission(f"{run_id}{i}", None, None, mode="pd", admitted=False, reason="x")
+        logs.close()
+    ids = [r["request_id"] for p in stream_files(tmp_path, ADMISSION_EVENTS) for r in read_jsonl(p)]
+    assert ids == [f"{run_id}{i}" for run_id in "ab" for i in range(10)]
+    assert all(p.stat().st_size <= 400 for p in stream_files(tmp_path, ADMISSION_EVENTS))

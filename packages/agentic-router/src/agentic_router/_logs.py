@@ -27,6 +27,12 @@ time); when the buffer is full the record is dropped and counted, never waited
 for. The caller only appends to a deque: no lock, no wake-up of the writer
 per record (a queue.Queue put cost the event loop a lock, a notify and a GIL
 hand-off to the writer for each of a request's four records).
+Rotation (`max_bytes`, `backups`; `serve --log-max-bytes / --log-backups`): a
+file about to pass `max_bytes` is renamed `FILE.jsonl.1` (an older `.1` becomes
+`.2`, ..., the one beyond `backups` is deleted) and a new FILE.jsonl is started.
+It happens in the writer thread, never on the caller's, and between two whole
+lines: a record is never split across files, and none is lost by rotating
+(`stream_files` lists a stream's files oldest first, for readers).
 Records are serialised with orjson, several times faster than `json` on a
 decision record (which carries every candidate); what orjson refuses (an
 integer beyond 64 bits) falls back to `json`. orjson writes a NaN or an
@@ -37,6 +43,7 @@ This module must not import the proxy or the simulator.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import threading
@@ -70,13 +77,21 @@ class JsonlLogs:
         clock: Callable[[], float] = time.time,
         background: bool = True,
         flush_interval_s: float = 0.05,
+        max_bytes: int = 0,
+        backups: int = 0,
     ) -> None:
+        """`max_bytes` > 0 rotates each file before it would pass that size, keeping
+        `backups` older files; 0 never rotates."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._clock = clock
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.rotations = 0
         self._files: dict[str, IO[bytes]] = {
             name: (self.directory / name).open("ab") for name in STREAMS
         }
+        self._sizes = {name: f.tell() for name, f in self._files.items()}
         self._turns: OrderedDict[str, int] = OrderedDict()
         self.dropped = 0
         self.written = 0
@@ -191,12 +206,56 @@ class JsonlLogs:
         buffer.append((stream, line))
 
     def _write(self, stream: str, line: bytes) -> None:
+        self._append(stream, [line])
+
+    def _append(self, stream: str, lines: list[bytes]) -> None:
+        """Write whole lines to `stream`, rotating it between two lines when the next
+        would take it past max_bytes (a file always takes at least one line)."""
+        start = 0
+        if self.max_bytes > 0:
+            size = self._sizes[stream]
+            for i, line in enumerate(lines):
+                if size + len(line) > self.max_bytes and size > 0:
+                    self._write_lines(stream, lines[start:i])
+                    self._rotate(stream)
+                    start, size = i, 0
+                size += len(line)
+        self._write_lines(stream, lines[start:])
+
+    def _write_lines(self, stream: str, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        data = b"".join(lines)
         try:
-            self._files[stream].write(line)
-            self.written += 1
+            self._files[stream].write(data)
+            self.written += len(lines)
+            self._sizes[stream] += len(data)
         except (OSError, ValueError) as exc:  # disk full, closed file: count, never raise
-            self.dropped += 1
+            self.dropped += len(lines)
             log.warning("JSONL log write to %s failed: %r", stream, exc)
+
+    def _rotate(self, stream: str) -> None:
+        """FILE -> FILE.1 -> ... -> FILE.<backups> (deleted beyond), then a new FILE.
+        On a failure the stream goes on in whatever file is open (logged, never raised)."""
+        path = self.directory / stream
+        try:
+            self._files[stream].close()
+            if self.backups <= 0:
+                path.unlink(missing_ok=True)
+            else:
+                for i in range(self.backups - 1, 0, -1):
+                    older = path.with_name(f"{stream}.{i}")
+                    if older.exists():
+                        older.replace(path.with_name(f"{stream}.{i + 1}"))
+                path.replace(path.with_name(f"{stream}.1"))
+            self.rotations += 1
+        except OSError as exc:
+            log.warning("JSONL log rotation of %s failed: %r", stream, exc)
+        try:
+            self._files[stream] = path.open("ab")
+            self._sizes[stream] = self._files[stream].tell()
+        except OSError as exc:
+            log.warning("JSONL log %s cannot be reopened: %r", stream, exc)
 
     def _drain(self) -> None:
         assert self._buffer is not None
@@ -214,12 +273,7 @@ class JsonlLogs:
             stream, line = buffer.popleft()
             by_stream.setdefault(stream, []).append(line)
         for stream, lines in by_stream.items():
-            try:
-                self._files[stream].write(b"".join(lines))
-                self.written += len(lines)
-            except (OSError, ValueError) as exc:  # disk full, closed file: count, never raise
-                self.dropped += len(lines)
-                log.warning("JSONL log write to %s failed: %r", stream, exc)
+            self._append(stream, lines)
         self._flush()
 
     def _flush(self) -> None:
@@ -253,6 +307,22 @@ def _serialise(record: Mapping[str, Any]) -> bytes:
         return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+
+
+def stream_files(directory: str | Path, stream: str) -> list[Path]:
+    """A stream's files that exist, oldest first: its rotated backups
+    (FILE.N, ..., FILE.1), then FILE itself."""
+    directory = Path(directory)
+    backups: list[tuple[int, Path]] = []
+    for p in directory.glob(glob.escape(stream) + ".*"):
+        suffix = p.name[len(stream) + 1 :]
+        if suffix.isdigit():
+            backups.append((int(suffix), p))
+    out = [p for _, p in sorted(backups, reverse=True)]
+    current = directory / stream
+    if current.exists():
+        out.append(current)
+    return out
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -6,12 +6,14 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
 import pytest
 
+from agentic_router.engine_metrics import Sample, parse_prometheus_text
 from agentic_router.server import ServerConfig
 
 # Quiet defaults for tests: no background health checks or reconcile unless a
@@ -105,3 +107,14 @@ def serve(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+async def scrape(s: aiohttp.ClientSession, url: str) -> list[Sample]:
+    """The router's GET /metrics, parsed; a line the parser refuses fails the test."""
+    async with s.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    errors: Counter[str] = Counter()
+    samples = parse_prometheus_text(text, errors)
+    assert not errors, (errors, text)
+    return samples

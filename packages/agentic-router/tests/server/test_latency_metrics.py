@@ -6,7 +6,6 @@ Prometheus does instead of failing the scrape."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import aiohttp
 import pytest
@@ -15,7 +14,7 @@ from agentic_router.engine_metrics import Sample, parse_prometheus_text
 from agentic_router.server._exposition import Family, Histogram, render
 from agentic_router.server.testing import FakeEngine, running_router
 
-from .conftest import completion_body, config, run
+from .conftest import completion_body, config, run, scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -25,16 +24,6 @@ HISTOGRAMS = (
     "agentic_router_inter_token_seconds",
     "agentic_router_decision_seconds",
 )
-
-
-async def _scrape(s: aiohttp.ClientSession, url: str) -> list[Sample]:
-    async with s.get(url + "/metrics") as resp:
-        assert resp.status == 200
-        text = await resp.text()
-    errors: Counter[str] = Counter()
-    samples = parse_prometheus_text(text, errors)
-    assert not errors, (errors, text)
-    return samples
 
 
 def _value(samples: list[Sample], name: str, **labels: str) -> float:
@@ -48,7 +37,7 @@ def test_histograms_and_engine_counter_move_with_requests() -> None:
         eng.faults.token_interval_s = 0.002
         cfg = config(engines=[f"e0={eng.url}"], policy="round_robin")
         async with eng, running_router(cfg) as r, aiohttp.ClientSession() as s:
-            before = await _scrape(s, r.url)
+            before = await scrape(s, r.url)
             for name in HISTOGRAMS:
                 assert _value(before, name + "_count") == 0, name
             for stream in (False, False, True):
@@ -57,7 +46,7 @@ def test_histograms_and_engine_counter_move_with_requests() -> None:
                 ) as resp:
                     await resp.read()
                     assert resp.status == 200
-            after = await _scrape(s, r.url)
+            after = await scrape(s, r.url)
             label = {"engine": "e0", "policy": "round_robin"}
             for name in (
                 "agentic_router_ttft_seconds",
@@ -100,7 +89,7 @@ def test_a_failed_request_is_counted_with_its_status_and_outcome() -> None:
         async with eng, running_router(cfg) as r, aiohttp.ClientSession() as s:
             async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
                 assert resp.status == 502
-            after = await _scrape(s, r.url)
+            after = await scrape(s, r.url)
             failed = [
                 x
                 for x in after

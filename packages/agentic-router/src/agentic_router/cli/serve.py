@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"agentic-router serve: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from agentic_router.server._logging import configure_logging
+
+    configure_logging(config.log_level, config.log_format)
     if getattr(args, "admin_token", None) is not None:
         logging.getLogger("agentic_router.server").warning(
             "--admin-token on the command line is visible to every local user (ps); "

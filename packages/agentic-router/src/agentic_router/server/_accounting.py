@@ -100,6 +100,7 @@ class RequestContext:
     worker: str | None = None  # engine id of the latest decision's worker
     decode_worker: str | None = None
     policy: str = "none"  # the latest decision's policy (the histograms' label)
+    prompt_tokens: int | None = None  # the routing request's (estimated) prompt length
 
     def engine(self) -> str:
         """The engine that answers the client (P/D: the decode engine), or "none"."""

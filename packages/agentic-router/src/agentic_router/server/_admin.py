@@ -21,6 +21,7 @@ from agentic_router.server._accounting import Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
+from agentic_router.server._process import process_families
 from agentic_router.server._upstream import EngineClient, TooLarge, json_error, read_capped
 
 #: what GET /health says of an engine, by its circuit-breaker state (kept beside it):
@@ -153,7 +154,14 @@ class AdminEndpoints:
                 "JSONL log records dropped (queue full or write error)",
             )
             dropped.set(value=float(acct.logs.dropped))
-            families.append(dropped)
+            rotations = Family(
+                "agentic_router_log_rotations_total",
+                "counter",
+                "JSONL log files rotated (--log-max-bytes)",
+            )
+            rotations.set(value=float(acct.logs.rotations))
+            families += [dropped, rotations]
+        families += process_families()
         return web.Response(
             text=render(families),
             content_type="text/plain",

@@ -27,6 +27,7 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
         refused = acct.sync_health()  # engines whose circuit is open: never candidates
         rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         routing_request = core.routing_request(ctx.parsed, rid, ctx.session_id)
+        ctx.prompt_tokens = routing_request.prompt_tokens
         decision = core.decide(routing_request, exclude=tried | refused)
         if decision is None:
             break

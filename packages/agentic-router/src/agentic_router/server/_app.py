@@ -37,6 +37,7 @@ from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
 from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
+from agentic_router.server._logging import CONTEXT, access_log
 from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
 from agentic_router.server._pd import serve_pd
 from agentic_router.server._request_id import (
@@ -114,7 +115,11 @@ class Proxy:
         if self.config.log_dir:
             from agentic_router._logs import JsonlLogs
 
-            self.acct.logs = JsonlLogs(self.config.log_dir)
+            self.acct.logs = JsonlLogs(
+                self.config.log_dir,
+                max_bytes=self.config.log_max_bytes,
+                backups=self.config.log_backups,
+            )
         tasks: list[asyncio.Task[None]] = []
         if self.config.health_check_interval_s > 0:
             checker = HealthChecker(self.config, self.acct, self.client)
@@ -181,6 +186,8 @@ class Proxy:
                     endpoint=endpoint,
                     received=received,
                 )
+                if self.config.access_log:
+                    request[CONTEXT] = ctx
                 response: web.StreamResponse | None = None
                 try:
                     serve = serve_pd if self.config.pd_mode else serve_aggregated
@@ -328,9 +335,12 @@ async def errors_as_json(
 def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Application:
     """The whole router as an aiohttp Application (run it with web.run_app or a runner)."""
     proxy = Proxy(config, plugin_manager)
-    app = web.Application(
-        client_max_size=config.max_body_bytes, middlewares=[request_ids, errors_as_json]
-    )
+    # The access log sits inside request_ids (its line carries the id) and
+    # outside errors_as_json (it sees the JSON error answers).
+    middlewares = [request_ids, errors_as_json]
+    if config.access_log:
+        middlewares.insert(1, access_log)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[PROXY] = proxy
     app.on_response_prepare.append(_stamp)
     install_log_filter()

@@ -214,7 +214,31 @@ class ServerConfig:
     log_dir: str | None = setting(
         None, "directory for routing-decisions/session-binding/admission-events JSONL logs"
     )
+    log_max_bytes: int = setting(
+        100 * 1024 * 1024,
+        "size at which a --log-dir JSONL file is rotated (FILE.jsonl -> FILE.jsonl.1 -> ...; "
+        "0 = never rotate)",
+        check=non_negative,
+        why="100 MiB is about 40 k decision records of an 8-engine fleet",
+    )
+    log_backups: int = setting(
+        5,
+        "rotated files kept per JSONL log (the oldest beyond this is deleted)",
+        check=non_negative,
+    )
     log_level: str = setting("info", "Python log level", choices=("debug", "info", "warning"))
+    log_format: str = setting(
+        "text",
+        "format of the router's log lines on stderr: text, or json (one JSON object per line, "
+        "with the request id as a field)",
+        choices=("text", "json"),
+    )
+    access_log: bool = setting(
+        False,
+        "log one line per request (logger agentic_router.access): client, method, path, "
+        "status, engine, session, prompt tokens, TTFT, duration, outcome, request id",
+        why="off: a busy router writes one line per request",
+    )
     event_loop: str = setting(
         "auto",
         "asyncio event loop: uvloop if installed (auto), or force asyncio / uvloop",

@@ -33,6 +33,7 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
         refused = acct.sync_health()  # engines whose circuit is open: never candidates
         base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
+        ctx.prompt_tokens = req.prompt_tokens
         dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
         if dec_d is None:
             refused = {s for s in refused if acct.endpoints[s].role == DECODE}

@@ -59,12 +59,15 @@ class RequestIdFilter(logging.Filter):
     and, for a record logged while handling a request, ` request_id=<id>` at
     the end of its message, whatever the handler's format."""
 
+    #: False with `--log-format json`: the id is a field of the line, not text
+    suffix = True
+
     def filter(self, record: logging.LogRecord) -> bool:
         rid = CURRENT.get()
         if getattr(record, "request_id", None) is not None:
             return True  # already stamped (a record seen by two filtered loggers)
         record.request_id = rid or "-"
-        if rid:
+        if rid and self.suffix:
             record.msg = f"{record.getMessage()} request_id={rid}"
             record.args = None
         return True
@@ -79,6 +82,7 @@ LOGGERS: Final = (
     "agentic_router",
     "agentic_router.plugins",
     "agentic_router.logs",
+    "agentic_router.access",
     "aiohttp.server",
     "aiohttp.access",
 )
@@ -88,3 +92,8 @@ def install_log_filter() -> None:
     """Stamp every record of LOGGERS with the request id (idempotent)."""
     for name in LOGGERS:
         logging.getLogger(name).addFilter(_FILTER)
+
+
+def set_message_suffix(on: bool) -> None:
+    """Whether a request's log lines end with `request_id=<id>` (text) or not (json)."""
+    _FILTER.suffix = on

@@ -1,0 +1,136 @@
+"""The router's own log lines: their format (`--log-format`) and the access log.
+
+- `configure_logging(level, fmt)`: one stderr handler for `serve`, text
+  (`asctime level logger: message request_id=<id>`) or json (one object per
+  line: `time`, `level`, `logger`, `message`, `request_id` while a request is
+  being handled, `exc` for a traceback, and a record's `fields`).
+- `access_log`: the middleware `create_app` adds only with `--access-log` (off,
+  a request pays nothing for it): one INFO line per request on the
+  `agentic_router.access` logger, after its answer ended (a stream's last
+  byte), with the request's `RequestContext` when it was routed.
+
+Owns no request state: the request id comes from `_request_id.CURRENT`, the
+routing facts from the context `_app` leaves on the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from agentic_router.server._accounting import RequestContext
+from agentic_router.server._http import one_line
+from agentic_router.server._request_id import CURRENT, set_message_suffix
+
+ACCESS: Final = logging.getLogger("agentic_router.access")
+
+#: the routed request's context, left on the request for the access log (set
+#: only while the access log is on)
+CONTEXT: Final = web.RequestKey("agentic_router.context", RequestContext)
+
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", None)
+        if not rid or rid == "-":
+            rid = CURRENT.get()
+        if rid:
+            out["request_id"] = rid
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                out.setdefault(key, value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        # default=str: a field no JSON type fits is written as its str(), never dropped
+        return orjson.dumps(out, default=str).decode()
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """The root logger's one stderr handler, in `fmt` ("text" or "json")."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+        set_message_suffix(False)  # the id is a field, not the end of the message
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        set_message_suffix(True)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+@web.middleware
+async def access_log(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """One access line per request, written when its answer has ended (or the
+    client went away: status null, the context's outcome)."""
+    started = time.monotonic()
+    response: web.StreamResponse | None = None
+    try:
+        response = await handler(request)
+        return response
+    finally:
+        _write(request, response, started)
+
+
+def _write(request: web.Request, response: web.StreamResponse | None, started: float) -> None:
+    if not ACCESS.isEnabledFor(logging.INFO):
+        return
+    ctx = request.get(CONTEXT)
+    status = None if response is None else response.status
+    fields: dict[str, Any] = {
+        "client": request.remote,
+        "method": request.method,
+        "path": one_line(request.path, 200),
+        "status": status,
+        "engine": None,
+        "session_id": None,
+        "prompt_tokens": None,
+        "ttft_s": None,
+        "duration_s": round(time.monotonic() - started, 6),
+        "outcome": None,
+    }
+    if ctx is not None:
+        first = ctx.first_token
+        fields["engine"] = ctx.decode_worker or ctx.worker
+        fields["session_id"] = ctx.session_id
+        fields["prompt_tokens"] = ctx.prompt_tokens
+        fields["ttft_s"] = None if first is None else round(first - ctx.received, 6)
+        fields["outcome"] = ctx.outcome or "unknown"
+    ACCESS.info(
+        "%s %s %s %s engine=%s session=%s prompt_tokens=%s ttft_s=%s duration_s=%s outcome=%s",
+        fields["client"] or "-",
+        fields["method"],
+        fields["path"],
+        "-" if status is None else status,
+        *("-" if fields[k] is None else fields[k] for k in _TEXT_KEYS),
+        extra={"fields": fields},
+    )
+
+
+_TEXT_KEYS: Final = ("engine", "session_id", "prompt_tokens", "ttft_s", "duration_s", "outcome")
