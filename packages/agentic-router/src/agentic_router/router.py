@@ -55,6 +55,12 @@ API (stable; the proxy and the simulator code against this)
                                  r_kv_used_frac, r_num_prefilling}, filtered_by)
         to_log() -> dict   the JSON line for routing-decisions.jsonl
 
+    router.set_sequence_sink(fn)              fn(kind, entry, now, block_hashes) after each of
+                                              this Router's own add / prefill_completed / free
+    router.apply_replica_add(...), apply_replica_prefill_completed(id), apply_replica_free(id)
+        another router replica's events, not echoed; agentic_router.replication.ReplicaSync
+        is what calls them (and the sink)
+
     router.context(req) -> ScoringContext     what decide would score (scorer tests, what-if)
     router.anomalies / router.plugin_errors / router.feed_counts   Counters (also in snapshot)
 
@@ -75,7 +81,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -96,7 +102,11 @@ from agentic_router.state import (
 )
 from agentic_router.types import Clock, RouterConfig, RouterEvent, RoutingRequest
 
-__all__ = ["Router"]
+__all__ = ["Router", "SequenceSink"]
+
+#: Sees every AddRequest / MarkPrefillCompleted / Free this Router applied for its own
+#: requests, right after it was applied: (kind, entry, now, the add's block hashes)
+SequenceSink = Callable[[str, SequenceEntry, float, Sequence[int]], None]
 
 log = logging.getLogger("agentic_router")
 
@@ -173,6 +183,7 @@ class Router:
         self._decode: DecodeSelector | None
         self._last_expire = clock()
         self._undecided: tuple[str, Decision] | None = None  # the latest decision, unreserved
+        self._sink: SequenceSink | None = None
         self.set_policy(policy)
 
     # -- configuration ----------------------------------------------------------
@@ -424,7 +435,7 @@ class Router:
             self.registry.expire(now)
         if entry is not None:
             self._track(entry.worker, now)
-            self._emit("add", entry, now)
+            self._emit("add", entry, now, req.block_hashes)
 
     def mark_prefill_completed(self, request_id: str) -> None:
         now = self.clock()
@@ -473,7 +484,11 @@ class Router:
             self.workers.check(worker)
         self._dispatch(RouterEvent(kind, request_id, worker, session_id, self.clock(), payload))
 
-    def _emit(self, kind: str, entry: SequenceEntry, now: float) -> None:
+    def _emit(
+        self, kind: str, entry: SequenceEntry, now: float, block_hashes: Sequence[int] = ()
+    ) -> None:
+        if self._sink is not None:
+            self._sink(kind, entry, now, block_hashes)
         payload: dict[str, Any] = {}
         if entry.decode_worker is not None:
             payload["decode_worker"] = entry.decode_worker
@@ -494,6 +509,64 @@ class Router:
             self.pm.hook.agentic_router_event(router=self, event=event)
         except Exception:
             self._errors.record("hook:agentic_router_event", "agentic_router_event hook")
+
+    # -- replica sync (agentic_router.replication) --------------------------------------
+    def set_sequence_sink(self, sink: SequenceSink | None) -> None:
+        """Send this Router's own sequence events to `sink` (one at a time; None: off)."""
+        self._sink = sink
+
+    def apply_replica_add(
+        self,
+        request_id: str,
+        worker: int,
+        *,
+        session_id: str | None,
+        prompt_tokens: int,
+        block_hashes: Sequence[int],
+        block_size: int,
+        prefill_tokens: int | None,
+        decode_worker: int | None = None,
+        bind_session: bool = True,
+    ) -> bool:
+        """Another replica's AddRequest: reserved and projected like one of ours, but
+        not echoed to the sink, the decode selector or the event hook (they describe
+        this Router's own requests). False if the id is already active."""
+        now = self.clock()
+        entry = self.state.add_request(
+            request_id,
+            worker,
+            session_id=session_id,
+            prompt_tokens=prompt_tokens,
+            block_hashes=block_hashes,
+            block_size=block_size,
+            now=now,
+            decode_worker=decode_worker,
+            prefill_tokens=prefill_tokens,
+            bind_session=bind_session,
+        )
+        if entry is None:
+            return False
+        self._track(entry.worker, now)
+        return True
+
+    def apply_replica_prefill_completed(self, request_id: str) -> bool:
+        """Another replica's MarkPrefillCompleted (not echoed; see apply_replica_add)."""
+        now = self.clock()
+        entry = self.state.mark_prefill_completed(request_id, now)
+        if entry is None:
+            return False
+        self._track(entry.worker, now)
+        if entry.prefill_worker is not None:
+            self._track(entry.prefill_worker, now)
+        return True
+
+    def apply_replica_free(self, request_id: str, *, reason: str | None = None) -> bool:
+        """Another replica's Free, or its reservation expired (not echoed)."""
+        entry = self.state.free(request_id, reason=reason)
+        if entry is None:
+            return False
+        self._track(entry.worker, self.clock())
+        return True
 
     # -- real state -------------------------------------------------------------------
     def apply_engine_states(self, states: Mapping[str, EngineState]) -> None:

@@ -473,11 +473,17 @@ class SequenceState:
         block_size: int,
         now: float,
         decode_worker: int | None = None,
+        prefill_tokens: int | None = None,
+        bind_session: bool = True,
     ) -> SequenceEntry | None:
         """AddRequest. Returns the new entry, or None for a duplicate (counted).
 
         `decode_worker` (P/D, Mechanism B): the request's decode runs there; at
         MarkPrefillCompleted the entry and its load move from `worker` to it.
+        `prefill_tokens` (another router replica's reservation, agentic_router.replication):
+        the uncached tokens the deciding replica reserved, instead of this registry's
+        guess; `bind_session=False` leaves the session's home as it is (a replica's
+        event older than the home this router already knows).
         """
         self.workers.check(worker)
         if decode_worker is not None:
@@ -488,13 +494,15 @@ class SequenceState:
             self.anomalies[DUPLICATE_ADD] += 1
             return None
         prompt_tokens = max(0, int(prompt_tokens))
-        cached = self.registry.matched_blocks(block_hashes, (worker,))[0] * block_size
+        if prefill_tokens is None:
+            cached = self.registry.matched_blocks(block_hashes, (worker,))[0] * block_size
+            prefill_tokens = prompt_tokens - cached
         entry = SequenceEntry(
             request_id=request_id,
             worker=worker,
             session_id=session_id,
             prompt_tokens=prompt_tokens,
-            prefill_tokens=max(0, prompt_tokens - cached),
+            prefill_tokens=min(prompt_tokens, max(0, prefill_tokens)),
             blocks=-(-prompt_tokens // block_size) if block_size > 0 else 0,
             added_at=now,
             decode_worker=decode_worker,
@@ -507,7 +515,7 @@ class SequenceState:
         self.registry.project_load(worker, self.active.load(worker))
         self.registry.touch(worker, block_hashes, now, block_size=block_size)
         self.registry.note_arrival(worker, now)
-        if session_id is not None:
+        if session_id is not None and bind_session:
             self.registry.bind_session(session_id, worker, now, prompt_tokens)
         return entry
 
