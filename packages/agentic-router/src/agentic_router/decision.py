@@ -171,6 +171,19 @@ class Decision:
         if self._trace is not None:
             self._trace.ctx.cached_blocks  # noqa: B018 - a cached property, computed once
 
+    def cached_prompt_tokens(self) -> int | None:
+        """Prompt tokens the router's prefix registry held on the chosen worker when it
+        decided (its expected prefix-cache hit); None when the decision has no trace
+        or the worker was not a scored candidate. Call it before `worker` is renumbered."""
+        if self._trace is None:
+            return None
+        ctx = self._trace.ctx
+        try:
+            i = ctx.candidates.index(self.worker)
+        except ValueError:
+            return None
+        return int(ctx.cached_tokens[i])
+
     def to_log(self) -> dict[str, Any]:
         return {
             "ts": self.ts,

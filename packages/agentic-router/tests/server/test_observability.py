@@ -299,3 +299,35 @@ def test_feed_freshness_follows_a_file_feed(tmp_path: Path) -> None:
         run(main())
     finally:
         writer.close()
+
+
+def test_expected_prefix_hits_count_a_repeated_prompt() -> None:
+    """The cache-hit panel's counters: a prompt sent twice to one engine is
+    expected in its prefix cache the second time; cached never passes prompt."""
+    label = {"engine": "e0", "policy": "round_robin"}
+
+    async def main() -> None:
+        async with (
+            FakeEngine("vllm") as eng,
+            running_router(config(engines=["e0=" + eng.url])) as r,
+            aiohttp.ClientSession() as s,
+        ):
+            body = completion_body(prompt="the same long prefix " * 100)
+            totals = []
+            for _ in range(2):
+                async with s.post(r.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                samples = await scrape(s, r.url)
+                totals.append(
+                    (
+                        _one(samples, "agentic_router_prompt_tokens_total", **label),
+                        _one(samples, "agentic_router_prompt_cached_tokens_total", **label),
+                    )
+                )
+            (prompt1, cached1), (prompt2, cached2) = totals
+            assert prompt1 > 0
+            assert cached1 == 0  # a cold engine
+            assert prompt2 == 2 * prompt1
+            assert 0 < cached2 - cached1 <= prompt2 - prompt1
+
+    run(main())

@@ -171,6 +171,20 @@ class Telemetry:
             ("engine", "policy"),
             DECISION_BUCKETS,
         )
+        self.prompt_tokens = Family(
+            "agentic_router_prompt_tokens_total",
+            "counter",
+            "prompt tokens of routed requests (as the router estimates them), by engine and "
+            "policy: one count per routing decision",
+            ("engine", "policy"),
+        )
+        self.cached_tokens = Family(
+            "agentic_router_prompt_cached_tokens_total",
+            "counter",
+            "of those, the tokens the router expected the engine's prefix cache to hold (its "
+            "prefix registry at decision time); cached / prompt is the expected hit rate",
+            ("engine", "policy"),
+        )
         self.engine_requests = Family(
             "agentic_router_engine_requests_total",
             "counter",
@@ -185,6 +199,8 @@ class Telemetry:
             self.inter_token,
             self.decision_time,
             self.engine_requests,
+            self.prompt_tokens,
+            self.cached_tokens,
             self.requests,
             self.decisions,
             self.retries,
@@ -392,6 +408,10 @@ class Accounting:
         ctx.decode_worker = None if decode is None else self.endpoints[decode].spec.engine_id
         ctx.policy = policy
         self.telemetry.decision_time.observe(self.core.last_decision_s, ctx.engine(), policy)
+        cached = self.core.last_cached_tokens
+        if ctx.prompt_tokens is not None and cached is not None:
+            self.telemetry.prompt_tokens.inc(ctx.engine(), policy, by=float(ctx.prompt_tokens))
+            self.telemetry.cached_tokens.inc(ctx.engine(), policy, by=float(cached))
         # A migration: decode moved off the prefill worker (aggregated Mechanism B),
         # or the session's serving worker changed (its decode worker in P/D).
         pd = self.config.pd_mode

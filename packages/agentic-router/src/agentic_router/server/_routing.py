@@ -79,6 +79,9 @@ class RoutingCore:
         self.router_config = next(iter(self.pools.values())).router.config
         self._owner: dict[str, Pool] = {}
         self.last_decision_s = 0.0  # how long the latest decide() took
+        # the latest decision's expected prefix-cache hit on its worker (tokens), for
+        # agentic_router_prompt_cached_tokens_total; None when unknown
+        self.last_cached_tokens: int | None = None
         # Only ask the tokenize hook when a plugin implements it (a pluggy call
         # with no implementations still costs microseconds per request).
         self._tokenize_pm = (
@@ -129,6 +132,8 @@ class RoutingCore:
             self.last_decision_s = time.perf_counter() - started
         if decision.worker in local_ex:  # every other worker was unhealthy too
             return None
+        # the registry lookup add_request's freeze() makes anyway, before the reservation
+        self.last_cached_tokens = decision.cached_prompt_tokens()
         if pool.offset == 0:
             return decision
         off = pool.offset
