@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import agentic_router_example_scorer as plugin
 
-from agentic_router.plugins import describe, make_plugin_manager
+from agentic_router.plugins import check_router_options, describe, make_plugin_manager
 from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter
 from agentic_router.types import RouterConfig
 
@@ -51,3 +51,11 @@ def test_installed_plugin_is_discovered_through_its_entry_point() -> None:
     assert info["scorers"]["cold_kv"]["plugin"] == "example_cold_kv"
     names = [name for name, _ in make_plugin_manager(allow=[]).list_name_plugin()]
     assert "example_cold_kv" not in names
+
+
+def test_the_weight_is_a_declared_router_option() -> None:
+    """`serve --router-option cold_kv_weight=500` is checked and arrives as a float."""
+    pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+    assert check_router_options(pm, {"cold_kv_weight": "500"}) == {"cold_kv_weight": 500.0}
+    option = describe(pm, RouterConfig())["options"]["cold_kv_weight"]
+    assert (option["kind"], option["default"]) == ("float", plugin.DEFAULT_WEIGHT)

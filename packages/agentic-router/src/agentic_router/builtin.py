@@ -29,7 +29,7 @@ from agentic_router.cost import (
 from agentic_router.hookspecs import hookimpl
 from agentic_router.instance import InstanceState
 from agentic_router.policy import Filter, PolicySpec, Scorer, ScoringContext
-from agentic_router.types import RouterConfig
+from agentic_router.types import RouterConfig, RouterOption
 
 AVOID_PENALTY: Final = 1e12
 AFFINITY_WEIGHT: Final = 1e13
@@ -396,6 +396,13 @@ class MigrationTargetScorer:
 
 
 # -- hook implementations --------------------------------------------------------
+@hookimpl
+def agentic_router_options() -> Sequence[RouterOption]:
+    # every built-in knob is a RouterConfig setting; declaring none means a
+    # `builtin.<knob>` option is refused like any other unknown name
+    return []
+
+
 @hookimpl
 def agentic_router_filters(config: RouterConfig) -> Sequence[Filter]:
     return [AvoidBigPrefill(config.big_prefill_threshold), AvoidKvWall(config.kv_wall_frac)]

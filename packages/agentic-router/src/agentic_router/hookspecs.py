@@ -6,6 +6,8 @@ plugins expose a module or object implementing some of them under the
 entry-point group ``agentic_router`` (see docs/plugin-hooks.md and the example
 under docs/examples/).
 
+`agentic_router_options` declares the router options (plugin knobs) a plugin
+reads, so a misspelt one is refused at start-up instead of ignored.
 Registration hooks (`agentic_router_scorers`, `agentic_router_filters`,
 `agentic_router_policies`) are called once per Router, when it is built, so a
 plugin may return fresh, stateful objects for each Router. Observation hooks
@@ -26,7 +28,7 @@ import pluggy
 if TYPE_CHECKING:
     from agentic_router.decision import Decision
     from agentic_router.policy import Filter, PolicySpec, RouterView, Scorer
-    from agentic_router.types import RouterConfig, RouterEvent, RoutingRequest
+    from agentic_router.types import RouterConfig, RouterEvent, RouterOption, RoutingRequest
 
 PROJECT = "agentic_router"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -75,6 +77,29 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
     scorers (by name), tie-break features, and optionally a decode-worker
     selector factory (P/D and Mechanism B policies). Names must be unique.
     firstresult: no - every plugin's policies are collected.
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def agentic_router_options() -> Sequence[RouterOption]:
+    """Declare the router options this plugin reads from ``config.extra``.
+
+    When: once when ``serve`` builds its routing core (to check every
+    ``--router-option``, its environment twin ``AGENTIC_ROUTER_OPTIONS`` and
+    the YAML ``router_options`` key), and by ``agentic-router plugins``.
+    Args: none.
+    Returns: a sequence of RouterOption (``name``, ``kind``: bool / int / float
+    / str, ``default``, ``help``). A given value is converted to ``kind``
+    before it reaches ``config.extra``; a bad one fails start-up naming the
+    option. A name that is also a RouterConfig setting, or declared by another
+    plugin with another kind, is an error.
+    A plugin that does not implement this hook declares nothing: options it
+    reads must be given namespaced by its plugin (entry-point) name,
+    ``<plugin>.<knob>``, and reach ``config.extra`` under that full key, with
+    a warning at start-up. Any other unknown option fails start-up with the
+    known names.
+    firstresult: no - every plugin's options are collected.
     """
     raise NotImplementedError
 

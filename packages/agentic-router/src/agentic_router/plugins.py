@@ -8,6 +8,12 @@ list; "" loads none). A name in the allow-list that no installed plugin has
 is a ValueError naming the installed ones. A plugin that fails to import is logged and recorded in
 `pm.agentic_failed`, never fatal to the router.
 
+`declared_options(pm)` collects the router options plugins declare
+(`agentic_router_options`); `check_router_options(pm, extra)` checks a
+RouterConfig.extra against them: declared options are converted to their
+kind, `<plugin>.<knob>` passes through (with a warning) for a plugin that
+declares nothing, anything else is a ValueError listing the known names.
+
 `Components.collect(pm, config)` calls the registration hooks once and
 indexes scorers, filters and policies by name; a duplicate name is an error
 (two plugins cannot silently shadow each other).
@@ -18,16 +24,16 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pluggy
 
-from agentic_router import builtin, hookspecs
+from agentic_router import builtin, hookspecs, settings
 from agentic_router.migration import _plugin as migration_plugin
 from agentic_router.policy import TIE_FEATURES, DecodeSelector, Filter, PolicySpec, Scorer
-from agentic_router.types import RouterConfig
+from agentic_router.types import RouterConfig, RouterOption
 
 log = logging.getLogger("agentic_router.plugins")
 
@@ -117,6 +123,91 @@ def _plugin_name(pm: pluggy.PluginManager, impl: Any) -> str:
     return str(name) if name is not None else repr(impl.plugin)
 
 
+def declared_options(pm: pluggy.PluginManager) -> dict[str, tuple[RouterOption, str]]:
+    """Every router option the plugins declare: name -> (option, plugin name).
+
+    ValueError when an option shadows a RouterConfig setting (the Router would take
+    it and the plugin never see it) or two plugins declare one name with two kinds."""
+    config_keys = _config_keys()
+    out: dict[str, tuple[RouterOption, str]] = {}
+    for impl in pm.hook.agentic_router_options.get_hookimpls():
+        plugin = _plugin_name(pm, impl)
+        for option in cast("Sequence[RouterOption] | None", impl.function()) or ():
+            if option.name in config_keys:
+                raise ValueError(
+                    f"plugin {plugin!r} declares router option {option.name!r}, "
+                    "which is a RouterConfig setting"
+                )
+            seen = out.get(option.name)
+            if seen is not None and seen[0].kind is not option.kind:
+                raise ValueError(
+                    f"router option {option.name!r} is declared by {seen[1]!r} as "
+                    f"{seen[0].kind.__name__} and by {plugin!r} as {option.kind.__name__}"
+                )
+            out.setdefault(option.name, (option, plugin))
+    return out
+
+
+def _config_keys() -> set[str]:
+    """The RouterConfig settings a router option may name (field name or external key)."""
+    keys: set[str] = set()
+    for d in settings.declared(RouterConfig):
+        keys.update((d.name, d.key))
+    return keys
+
+
+def undeclaring_plugins(pm: pluggy.PluginManager) -> list[str]:
+    """Registered plugins that do not implement `agentic_router_options`: the
+    ones whose knobs are accepted namespaced, `<plugin>.<knob>`."""
+    declaring = {_plugin_name(pm, impl) for impl in pm.hook.agentic_router_options.get_hookimpls()}
+    return sorted(str(name) for name, _ in pm.list_name_plugin() if name and name not in declaring)
+
+
+def check_router_options(
+    pm: pluggy.PluginManager, extra: Mapping[str, Any], *, source: str = "--router-option"
+) -> dict[str, Any]:
+    """`extra` (router options that are no RouterConfig setting) checked against what
+    the plugins declare: declared ones converted to their kind, `<plugin>.<knob>` of
+    a plugin that declares nothing passed through with a warning. ValueError for a
+    bad value, or for unknown names (the message lists the known ones)."""
+    options = declared_options(pm)
+    undeclaring = set(undeclaring_plugins(pm))
+    out: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, raw in extra.items():
+        found = options.get(key)
+        if found is not None:
+            option = found[0]
+            d = settings.Declared(
+                key, settings.Setting(help=option.help), option.kind, False, True, option.default
+            )
+            out[key] = settings.coerce(d, raw, source)
+            continue
+        plugin, dot, knob = key.partition(".")
+        if dot and knob and plugin in undeclaring:
+            log.warning(
+                "router option %r passed to plugin %r, which declares no options "
+                "(agentic_router_options): it is not checked",
+                key,
+                plugin,
+            )
+            out[key] = raw
+            continue
+        unknown.append(key)
+    if unknown:
+        known = sorted(_config_keys() | set(options))
+        hint = ""
+        if undeclaring:
+            names = ", ".join(sorted(undeclaring))
+            hint = f"; plugins that declare no options take `<plugin>.<knob>`: {names}"
+        plural = "s" if len(unknown) > 1 else ""
+        raise ValueError(
+            f"unknown router option{plural} {', '.join(map(repr, unknown))} "
+            f"(from {source}); known: {', '.join(known)}{hint}"
+        )
+    return out
+
+
 @dataclass
 class Components:
     scorers: dict[str, Scorer] = field(default_factory=dict)
@@ -167,7 +258,9 @@ def build_decode_selector(spec: PolicySpec, config: RouterConfig) -> DecodeSelec
 
 
 def describe(pm: pluggy.PluginManager, config: RouterConfig) -> dict[str, Any]:
-    """What is installed: plugins, scorers, filters, policies (for `agentic-router plugins`)."""
+    """What is installed: plugins, scorers, filters, router options, policies (for
+    `agentic-router plugins`). `undeclared_options` names the plugins that declare no
+    router options (their knobs are given as `<plugin>.<knob>`)."""
     comp = Components.collect(pm, config)
     dists: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -197,6 +290,16 @@ def describe(pm: pluggy.PluginManager, config: RouterConfig) -> dict[str, Any]:
             n: {"plugin": comp.origin[f"filter:{n}"], "description": f.description}
             for n, f in comp.filters.items()
         },
+        "options": {
+            n: {
+                "plugin": plugin,
+                "kind": option.kind.__name__,
+                "default": option.default,
+                "help": option.help,
+            }
+            for n, (option, plugin) in sorted(declared_options(pm).items())
+        },
+        "undeclared_options": undeclaring_plugins(pm),
         "policies": {
             n: {
                 "plugin": comp.origin[f"policy:{n}"],

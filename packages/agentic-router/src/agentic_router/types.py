@@ -13,7 +13,14 @@ from typing import Any
 
 from agentic_router.settings import fraction, non_negative, positive, setting, validate
 
-__all__ = ["Clock", "RealStateRules", "RouterConfig", "RouterEvent", "RoutingRequest"]
+__all__ = [
+    "Clock",
+    "RealStateRules",
+    "RouterConfig",
+    "RouterEvent",
+    "RouterOption",
+    "RoutingRequest",
+]
 
 Clock = Callable[[], float]
 
@@ -56,6 +63,21 @@ class RouterEvent:
     session_id: str | None
     ts: float
     payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOption:
+    """A knob a plugin reads from `RouterConfig.extra`, declared through the
+    `agentic_router_options` hook so `serve` can refuse a misspelt one.
+
+    `kind` (bool, int, float or str) is what a `--router-option name=value` string
+    is turned into before it reaches `extra`; `default` is what the plugin uses
+    when the option is not given (shown by `agentic-router plugins`)."""
+
+    name: str
+    kind: type = str
+    default: Any = None
+    help: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from agentic_router.hookspecs import hookimpl
 from agentic_router.policy import PolicySpec, Scorer, ScoringContext
-from agentic_router.types import RouterConfig
+from agentic_router.types import RouterConfig, RouterOption
 
 DEFAULT_WEIGHT = 2000.0
 
@@ -34,6 +34,17 @@ class ColdKv:
             s.r_kv_used_frac if s.r_kv_used_frac is not None else s.shadow.blocks / busiest
             for s in ctx.states
         ]
+
+
+@hookimpl
+def agentic_router_options() -> Sequence[RouterOption]:
+    # Declared, `serve --router-option cold_kv_weight=500` is checked and arrives
+    # as a float; a misspelt name is refused at start-up with the known ones.
+    return [
+        RouterOption(
+            "cold_kv_weight", float, DEFAULT_WEIGHT, "weight of cold_kv in the cold_lmetric policy"
+        )
+    ]
 
 
 @hookimpl

@@ -16,8 +16,9 @@ from agentic_router.cost import TtftModel
 from agentic_router.hookspecs import hookimpl
 from agentic_router.migration._kvaware import KvAwareScorer
 from agentic_router.migration._mechb import PrefillGatedAffinity, UnifiedV3Selector
-from agentic_router.migration.settings import settings_from
+from agentic_router.migration.settings import KNOBS, settings_from
 from agentic_router.policy import PolicySpec, Scorer
+from agentic_router.types import RouterOption
 
 if TYPE_CHECKING:
     from agentic_router.policy import DecodeSelector, RouterView
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
 
 KV_AWARE = "kv_aware"
 UNIFIED_V3 = "unified_v3"
+
+
+@hookimpl
+def agentic_router_options() -> Sequence[RouterOption]:
+    """The kv_aware / unified_v3 knobs (MigrationSettings), read from RouterConfig.extra."""
+    return [RouterOption(k.name, k.kind, k.default, k.help) for k in KNOBS]
 
 
 @hookimpl

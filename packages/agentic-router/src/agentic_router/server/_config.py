@@ -119,8 +119,9 @@ class ServerConfig:
     router_options: tuple[str, ...] = setting(
         (),
         "routing knob as key=value, repeatable: a RouterConfig field in its own unit "
-        "(overload_factor=1.5, max_age_s=0.5, ...) or a plugin knob (RouterConfig.extra); the "
-        "routing flags below are the same knobs and win over this",
+        "(overload_factor=1.5, max_age_s=0.5, ...) or a plugin's declared knob "
+        "(RouterConfig.extra; `agentic-router plugins` lists them); an unknown name stops serve. "
+        "The routing flags below are the same knobs and win over this",
         flag="--router-option",
     )
     engine_state_uri: str | None = setting(

@@ -24,7 +24,7 @@ from typing import Any
 from agentic_router.decision import Decision
 from agentic_router.feed import Feed, MetricsReconciler, StateFeed
 from agentic_router.migration import thrash_metrics
-from agentic_router.plugins import make_plugin_manager
+from agentic_router.plugins import check_router_options, make_plugin_manager
 from agentic_router.prefix import TextChainMemo
 from agentic_router.request import build_routing_request
 from agentic_router.router import Router
@@ -36,6 +36,8 @@ from agentic_router.types import RoutingRequest
 PREFILL = "prefill"
 DECODE = "decode"
 BOTH = "both"
+#: where a router option comes from, for the message refusing an unknown one
+OPTION_SOURCES = "--router-option, AGENTIC_ROUTER_OPTIONS or router_options in --config"
 
 
 @dataclass
@@ -61,11 +63,19 @@ class RoutingCore:
             self.pm = make_plugin_manager(allow=config.plugins or None)
         self.pools: dict[str, Pool] = {}
         self._slot_pool: list[Pool] = []
+        extra: dict[str, Any] | None = None  # the plugin knobs, checked
         for role in (BOTH, PREFILL, DECODE):
             ids = [e for e, r in zip(engine_ids, roles, strict=True) if r == role]
             if not ids:
                 continue
             rc = router_config(config, ids)
+            if rc.extra:
+                if extra is None:  # once for every pool: one warning, one error
+                    try:
+                        extra = check_router_options(self.pm, rc.extra, source=OPTION_SOURCES)
+                    except ValueError as exc:
+                        raise ConfigError(str(exc)) from None
+                rc = dataclasses.replace(rc, extra=extra)
             policy = config.policy
             if role == DECODE and config.decode_policy:
                 policy = config.decode_policy
