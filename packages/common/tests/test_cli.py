@@ -125,3 +125,13 @@ def test_demo_runs_and_reports_what_it_showed() -> None:
     assert "engine_3" in result.stdout
     assert "8 fresh engines" in result.stdout or "7 fresh engines" in result.stdout
     assert "'malformed': " in result.stdout
+    # piped: frames follow each other as plain text, each an aligned table
+    assert "\x1b" not in result.stdout
+    lines = result.stdout.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("------")]
+    assert len(rules) > 2
+    for i in rules:
+        width = len(lines[i])
+        assert lines[i - 1].split()[:2] == ["engine", "verdict"]
+        rows = [lines[i - 1], *(line for line in lines[i + 1 :][:9] if line.split()[1:2])]
+        assert all(len(row) == width for row in rows if not row.startswith(("file:", "/"))), rows

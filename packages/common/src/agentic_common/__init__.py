@@ -8,6 +8,7 @@ from agentic_common._schema import (
     InvalidStateError,
     kv_used_frac,
 )
+from agentic_common._table import text_table
 from agentic_common._transport import (
     AsyncStateReader,
     Freshness,
@@ -43,4 +44,5 @@ __all__ = [
     "open_reader",
     "open_writer",
     "redact_uri",
+    "text_table",
 ]

@@ -25,23 +25,24 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agentic_common._schema import EngineState, kv_used_frac
+from agentic_common._table import text_table
 from agentic_common._transport import Freshness, Inspection, StateReader
 from agentic_common._uri import default_uri, open_reader, open_writer
 
 _COLUMNS = (
-    ("engine", 14),
-    ("verdict", 9),
-    ("age ms", 7),
-    ("run", 4),
-    ("wait", 4),
-    ("prefill", 7),
-    ("pend tok", 9),
-    ("queued", 8),
-    ("max rem", 8),
-    ("decode", 6),
-    ("dec tok", 8),
-    ("kv used", 7),
-    ("seq", 6),
+    "engine",
+    "verdict",
+    "age ms",
+    "run",
+    "wait",
+    "prefill",
+    "pend tok",
+    "queued",
+    "max rem",
+    "decode",
+    "dec tok",
+    "kv used",
+    "seq",
 )
 
 
@@ -69,13 +70,8 @@ def _row(item: Inspection) -> list[str]:
 
 def render_table(items: list[Inspection]) -> str:
     ordered = sorted(items, key=lambda i: (i.state is None, i.state.engine_id if i.state else ""))
-    lines = [" ".join(name.rjust(width) for name, width in _COLUMNS)]
-    for item in ordered:
-        cells = _row(item)
-        lines.append(" ".join(c.rjust(w) for c, (_, w) in zip(cells, _COLUMNS, strict=True)))
-    if not items:
-        lines.append("(no snapshots)")
-    return "\n".join(lines)
+    table = text_table(_COLUMNS, [_row(item) for item in ordered], align="ll" + "r" * 11)
+    return table if items else table + "\n(no snapshots)"
 
 
 def _inspect(reader: StateReader) -> tuple[list[Inspection], str | None]:

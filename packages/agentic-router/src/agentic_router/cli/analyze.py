@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentic_common import text_table
+
 ROUTING_DECISIONS = "routing-decisions.jsonl"
 SESSION_BINDING = "session-binding.jsonl"
 ADMISSION_EVENTS = "admission-events.jsonl"
@@ -252,20 +254,18 @@ def format_report(report: Mapping[str, Any]) -> str:
     a = report.get("admissions")
     if a:
         lines.append(f"admissions: {a['count']}")
-        lines.append(f"  {'mode':<12} {'outcome':<9} {'reason':<24} {'count':>7}")
-        for row in a["cross_table"]:
-            lines.append(
-                f"  {row['mode']:<12} {row['outcome']:<9} {row['reason']:<24} {row['count']:>7}"
-            )
+        rows = [[r["mode"], r["outcome"], r["reason"], r["count"]] for r in a["cross_table"]]
+        lines.append(
+            text_table(["mode", "outcome", "reason", "count"], rows, align="lllr", indent="  ")
+        )
     r = report.get("requests")
     if r:
         lines.append(f"requests (router side): {r['count']}  outcomes {r['by_outcome']}")
-        for key, label in (("ttft_s", "TTFT"), ("e2e_s", "E2E")):
-            q = r[key]
-            lines.append(
-                f"  {label:<4} s: mean {_fmt(q['mean'], '.4f')} p50 {_fmt(q['p50'], '.4f')} "
-                f"p90 {_fmt(q['p90'], '.4f')} p99 {_fmt(q['p99'], '.4f')}"
-            )
+        rows = [
+            [label, *(_fmt(r[key][stat], ".4f") for stat in ("mean", "p50", "p90", "p99"))]
+            for key, label in (("ttft_s", "TTFT s"), ("e2e_s", "E2E s"))
+        ]
+        lines.append(text_table(["", "mean", "p50", "p90", "p99"], rows, indent="  "))
     if report["absent"]:
         lines.append(f"absent: {', '.join(report['absent'])}")
     if report["malformed_lines"]:

@@ -67,6 +67,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 def comparison(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     """Side-by-side key figures of two runs, with B's change relative to A."""
+    from agentic_common import text_table
     from agentic_router.sim._report import format_table
 
     sa, sb = a["summary"], b["summary"]
@@ -81,16 +82,15 @@ def comparison(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
         ("req/s", sa["throughput_rps"], sb["throughput_rps"]),
         ("errors", sum(sa["errors"].values()), sum(sb["errors"].values())),
     ]
-    la, lb = sa["label"], sb["label"]
-    width = max(len(la), len(lb), 10)
-    lines.append(f"{'':<10}  {la:>{width}}  {lb:>{width}}  change")
+    body = []
     for name, va, vb in rows:
         change = "-"
         if isinstance(va, int | float) and isinstance(vb, int | float) and va:
             change = f"{100 * (vb / va - 1):+.1f} %"
         fa = "-" if va is None else f"{va:.3f}" if isinstance(va, float) else str(va)
         fb = "-" if vb is None else f"{vb:.3f}" if isinstance(vb, float) else str(vb)
-        lines.append(f"{name:<10}  {fa:>{width}}  {fb:>{width}}  {change}")
+        body.append([name, fa, fb, change])
+    lines.append(text_table(["", sa["label"], sb["label"], "change"], body, rule=False))
     return "\n".join(lines)
 
 

@@ -24,18 +24,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(info: dict[str, Any]) -> str:
-    lines = ["plugins:"]
-    for p in info["plugins"]:
-        lines.append(f"  {p['name']:<24} {p['distribution']}")
-    for name, err in info["failed"].items():
-        lines.append(f"  {name:<24} FAILED TO LOAD: {err}")
-    for name in info["not_allowed"]:
-        lines.append(f"  {name:<24} installed, not in the allow-list")
+    """One table per section; every section's columns start at the same place."""
+    from agentic_common import text_table
+
+    sections: list[tuple[str, list[list[str]]]] = []
+    plugins = [[p["name"], p["distribution"] or "-"] for p in info["plugins"]]
+    plugins += [[name, f"FAILED TO LOAD: {err}"] for name, err in info["failed"].items()]
+    plugins += [[name, "installed, not in the allow-list"] for name in info["not_allowed"]]
+    sections.append(("plugins", plugins))
     for kind in ("policies", "scorers", "filters"):
-        lines.append(f"{kind}:")
-        for name, d in info[kind].items():
-            lines.append(f"  {name:<24} [{d['plugin']}] {d['description']}")
-    return "\n".join(lines)
+        rows = [[name, f"[{d['plugin']}] {d['description']}"] for name, d in info[kind].items()]
+        sections.append((kind, rows))
+    options = [
+        [name, f"[{d['plugin']}] {d['kind']}, default {d['default']}: {d['help']}"]
+        for name, d in info["options"].items()
+    ]
+    options += [
+        [f"{name}.<knob>", f"[{name}] declares no options: any knob, passed unchecked"]
+        for name in info["undeclared_options"]
+    ]
+    sections.append(
+        ("router options (--router-option; RouterConfig settings: serve --help)", options)
+    )
+    width = max((len(r[0]) for _, rows in sections for r in rows), default=0)
+    out = []
+    for title, rows in sections:
+        out.append(f"{title}:")
+        if rows:
+            # pad the first column to the widest name of any section
+            padded = [[r[0].ljust(width), r[1]] for r in rows]
+            out.append(text_table(["name", "what"], padded, align="ll", header=False, indent="  "))
+    return "\n".join(out)
 
 
 def run(args: argparse.Namespace) -> int:

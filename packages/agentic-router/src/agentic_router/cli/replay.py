@@ -142,8 +142,20 @@ def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8"
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _duration(seconds: float) -> str:
+    """42s, 3m05s, 1h02m: short enough for a progress line."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class Progress:
-    """A one-line progress bar on a terminal; one line per run otherwise."""
+    """A progress bar redrawn in place, with the time left for the whole sweep, when
+    the stream is a terminal; one plain line per finished run otherwise (no carriage
+    returns, no escape codes: a log file or a pipe gets text)."""
 
     def __init__(self, stream: TextIO, total_runs: int, enabled: bool = True) -> None:
         self.stream = stream
@@ -151,14 +163,25 @@ class Progress:
         self.enabled = enabled
         self.tty = stream.isatty()
         self.run_index = 0
+        self.finished = 0
         self.label = ""
-        self.t0 = time.perf_counter()
+        self.t0 = self.sweep_t0 = time.perf_counter()
         self._last_draw = 0.0
 
     def start(self, label: str) -> None:
         self.run_index += 1
         self.label = label
         self.t0 = time.perf_counter()
+
+    def eta(self, run_frac: float = 0.0) -> str | None:
+        """The sweep's time left at the pace so far (`run_frac`: how far the running
+        run is); None before anything is measured or when nothing is left."""
+        done = self.finished + run_frac
+        left = self.total_runs - done
+        if done <= 0 or left <= 0:
+            return None
+        elapsed = time.perf_counter() - self.sweep_t0
+        return _duration(elapsed / done * left)
 
     def update(self, done: int, total: int) -> None:
         if not (self.enabled and self.tty):
@@ -170,13 +193,15 @@ class Progress:
         width = 30
         frac = done / total if total else 1.0
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        eta = self.eta(frac)
         self.stream.write(
             f"\r  [{self.run_index}/{self.total_runs}] {self.label:<28} [{bar}] "
-            f"{done}/{total} requests"
+            f"{done}/{total} requests" + (f"  ETA {eta}" if eta else "") + "  "
         )
         self.stream.flush()
 
     def done(self, label: str, summary: dict[str, Any]) -> None:
+        self.finished += 1
         if not self.enabled:
             return
         if self.label != label:  # parallel runs: no per-run start was shown
@@ -188,6 +213,9 @@ class Progress:
         if mean is not None:
             text += f"  (mean TTFT {mean:.3f} s)"
         if self.tty:
+            eta = self.eta()
+            if eta:
+                text += f"  ETA {eta}"
             self.stream.write("\r" + text.ljust(100) + "\n")
         else:
             self.stream.write(text + "\n")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentic_common import text_table
 from agentic_router.sim._config import RunResult
 
 
@@ -286,20 +287,8 @@ def format_table(
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
-    widths = [
-        max(len(h), len(u), *(len(r[i]) for r in rows))
-        for i, (h, u) in enumerate(zip(head, units, strict=True))
-    ]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if 0 < i + first < 3 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    out = [line(head), line(units), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    return "\n".join(out)
+    align = "".join("l" if 0 < i + first < 3 else "r" for i in range(len(head)))
+    return text_table(head, rows, align=align, units=units)
 
 
 TABLE_NOTES = (
@@ -515,13 +504,4 @@ def format_sweep_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             star = "*" if t["mean"] == best[x] else " "
             cells.append(f"{t['mean']:.3f}{star}/{t['p90']:.2f}")
         body.append(cells)
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in [head, *body]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(head, body, align="ll" + "r" * len(loads))
