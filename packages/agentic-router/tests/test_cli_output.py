@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from agentic_common.testing import free_port
+
 REPLAY = [
     "replay",
     "--trace",
@@ -160,3 +162,42 @@ def test_top_level_help_from_the_console_script() -> None:
     assert "OpenAI-compatible router" in result.stdout
     assert "heavy dependencies" not in result.stdout  # the module docstring is for us
     _plain(result.stdout)
+
+
+def test_analyze_finds_the_logs_two_levels_down_and_prints_aligned_tables(
+    tmp_path: Path,
+) -> None:
+    """`analyze OUT` on a replay's (or the demo's, laid out alike) results directory."""
+    replay = [a for a in REPLAY if a != "--no-logs"]
+    assert _run(*replay, "--out", str(tmp_path), "--quiet").returncode == 0
+    result = _run("analyze", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    _plain(result.stdout)
+    reports = result.stdout.split("\n\n")
+    assert {r.splitlines()[0] for r in reports} == {
+        f"== {tmp_path / 'logs' / 'load_only-feed-off'}",
+        f"== {tmp_path / 'logs' / 'lmetric-feed-off'}",
+    }
+    for report in reports:
+        _assert_aligned(_table_block(report, "mode"))
+
+
+def test_bench_against_nothing_exits_1_and_says_why_and_compare_aligns(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every request fails
+    for label in ("a", "b"):
+        result = _run(
+            "bench",
+            *("--url", url, "--trace", "agentic", "--limit", "3", "--speedup", "1000"),
+            *("--model", "m", "--label", label, "--out", str(tmp_path), "--no-plots"),
+        )
+        assert result.returncode == 1, result.stderr
+        assert "no request completed" in result.stderr
+        _plain(result.stdout)
+        _plain(result.stderr)
+    result = _run("bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert result.returncode == 0, result.stderr
+    _plain(result.stdout)
+    _assert_aligned(_table_block(result.stdout, "policy"))
+    figures = result.stdout.split("\n\n")[1].splitlines()
+    assert figures[0].split() == ["a", "b", "change"]
+    assert {len(line) for line in figures} == {len(figures[0])}  # right-aligned figures
