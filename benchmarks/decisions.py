@@ -43,10 +43,11 @@ from typing import Any
 
 from agentic_common import EngineState
 from agentic_router import Router, RoutingRequest
+from agentic_router._worker_table import WorkerTable
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_ids, chain_payloads
 from agentic_router.request import build_routing_request
-from agentic_router.state import PromptRegistry, SequenceState, WorkerTable
+from agentic_router.state import PromptRegistry, SequenceState
 from agentic_router.types import RouterConfig
 
 BLOCK = 64  # tokens per block hash

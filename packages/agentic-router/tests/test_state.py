@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentic_router._worker_table import WorkerTable
 from agentic_router.state import (
     DUPLICATE_ADD,
     DUPLICATE_FREE,
@@ -17,7 +18,6 @@ from agentic_router.state import (
     UNKNOWN_PREFILL_DONE,
     PromptRegistry,
     SequenceState,
-    WorkerTable,
 )
 
 NUM_WORKERS = 4

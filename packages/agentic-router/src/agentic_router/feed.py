@@ -99,6 +99,7 @@ class EngineIdWatch:
         self._received: set[str] = set()
         self._strangers: dict[str, None] = {}
         self._logged: set[tuple[str, str]] = set()
+        self._joined: dict[str, tuple[float, int]] = {}  # joined at run time: (when, polls)
 
     def observe(self, states: Mapping[str, EngineState]) -> None:
         now = self._clock()
@@ -114,10 +115,35 @@ class EngineIdWatch:
                 continue
             self._received.add(engine_id)
             self._observe_identity(engine_id, (st.host, st.pid), now)
-        if self._polls >= MISSING_AFTER_POLLS and now - self._started >= MISSING_AFTER_S:
-            for engine_id in self.engine_ids:
-                if engine_id not in self._received:
-                    self._report(engine_id, NO_SNAPSHOT)
+        for engine_id in self.engine_ids:
+            if self._missing(engine_id, now):
+                self._report(engine_id, NO_SNAPSHOT)
+
+    def set_engine_ids(self, engine_ids: Sequence[str]) -> None:
+        """The configured engines changed: an engine that left has no problem any
+        more; one that joined gets the same grace as at start (MISSING_AFTER_*)
+        before it counts as publishing nothing."""
+        now = self._clock()
+        joined = set(engine_ids) - set(self.engine_ids)
+        self.engine_ids = tuple(engine_ids)
+        for engine_id in joined:
+            self._joined[engine_id] = (now, self._polls)
+            self._received.discard(engine_id)  # an id that comes back starts afresh
+        for engine_id in list(self._joined):
+            if engine_id not in engine_ids:
+                del self._joined[engine_id]
+
+    def _missing(self, engine_id: str, now: float) -> bool:
+        """Nothing published under a configured id, past its grace."""
+        if engine_id in self._received:
+            return False
+        joined = self._joined.get(engine_id)
+        since, polls = (self._started, 0) if joined is None else joined
+        return (
+            since is not None
+            and self._polls - polls >= MISSING_AFTER_POLLS
+            and now - since >= MISSING_AFTER_S
+        )
 
     def _observe_identity(self, engine_id: str, who: tuple[str | None, int], now: float) -> None:
         seen = self._identities.setdefault(engine_id, {})
@@ -137,16 +163,12 @@ class EngineIdWatch:
         """engine id -> its current problem (duplicate_publishers or no_snapshot)."""
         now = self._clock()
         out: dict[str, str] = {}
-        if (
-            self._started is not None
-            and self._polls >= MISSING_AFTER_POLLS
-            and now - self._started >= MISSING_AFTER_S
-        ):
-            for engine_id in self.engine_ids:
-                if engine_id not in self._received:
-                    out[engine_id] = NO_SNAPSHOT
+        for engine_id in self.engine_ids:
+            if self._missing(engine_id, now):
+                out[engine_id] = NO_SNAPSHOT
+        wanted = set(self.engine_ids)
         for engine_id, until in self._duplicate_until.items():
-            if now <= until:
+            if now <= until and engine_id in wanted:
                 out[engine_id] = DUPLICATE_PUBLISHERS
         return out
 
@@ -214,6 +236,13 @@ class StateFeed:
         self.errors: Counter[str] = Counter()
         self.watch = EngineIdWatch(router.engine_ids, router.clock)
         self._task: asyncio.Task[None] | None = None
+
+    def engines_changed(self) -> None:
+        """The Router's workers changed (one joined or left at run time): read the
+        engine ids it now maps first, and watch those."""
+        ids = self.router.engine_ids
+        self.reader.prefer(ids)
+        self.watch.set_engine_ids(ids)
 
     @property
     def uri(self) -> str:

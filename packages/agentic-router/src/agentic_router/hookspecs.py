@@ -127,8 +127,10 @@ def agentic_router_event(router: RouterView, event: RouterEvent) -> None:
     When: after the write model applied ``add_request`` (kind ``"add"``),
     ``mark_prefill_completed`` (``"prefill_completed"``), ``free``
     (``"free"``), or after ``Router.notify(kind, ...)`` (any other kind, e.g.
-    ``"admission"`` from a P/D proxy). Duplicate and unknown events are not
-    reported.
+    ``"admission"`` from a P/D proxy). A worker joining or leaving at run time
+    is ``"worker_added"`` / ``"worker_retired"`` (``worker`` set, no request):
+    a policy keeping per-worker state may drop a retired worker's, whose slot
+    is never reused. Duplicate and unknown events are not reported.
     Args: the Router and a RouterEvent (kind, request_id, worker, session_id,
     ts, payload mapping).
     Returns: nothing. Must be cheap; an exception is logged and swallowed.

@@ -136,6 +136,7 @@ class ScoringContext:
         registry: PromptRegistry,
         rng: random.Random,
         notes: dict[str, Any] | None = None,
+        rank: Sequence[int] | None = None,
     ) -> None:
         self.request = request
         self.candidates = candidates
@@ -148,6 +149,9 @@ class ScoringContext:
         self.registry = registry
         self.rng = rng
         self.notes: dict[str, Any] = {} if notes is None else notes
+        # worker -> its place among the workers not retired (None: every worker is,
+        # the place is the worker itself); `num_workers` counts those workers
+        self.rank = rank
         # values several scorers of one decision derive alike (e.g. the predicted
         # TTFT), computed once per context (not carried over by `narrow`)
         self.memo: dict[str, Any] = {}
@@ -166,6 +170,7 @@ class ScoringContext:
             registry=self.registry,
             rng=self.rng,
             notes=self.notes,
+            rank=self.rank,
         )
         if "cached_blocks" in self.__dict__:
             ctx.__dict__["cached_blocks"] = [
@@ -229,10 +234,15 @@ class ScoringContext:
         return values
 
     def rotation(self) -> list[int]:
-        """(worker - seq) mod n: the last tie-break, and round-robin's score."""
+        """(worker - seq) mod n: the last tie-break, and round-robin's score. With
+        workers retired, a worker's place among the others stands for it, so the
+        rotation stays even over the workers that are left."""
         n = self.num_workers
         s = self.seq
-        return [(c - s) % n for c in self.candidates]
+        rank = self.rank
+        if rank is None:
+            return [(c - s) % n for c in self.candidates]
+        return [(rank[c] - s) % n for c in self.candidates]
 
     def index_of(self, worker: int) -> int | None:
         try:

@@ -38,6 +38,8 @@ API (stable; the proxy and the simulator code against this)
     router.instance_state(worker) -> InstanceState          eff_* / r_* accessors, fresh, stalled
     router.snapshot() -> dict                 JSON-able, every worker's shadow + real (for /state)
     router.set_worker_health(worker, healthy) unhealthy workers are not candidates (unless all are)
+    router.add_worker(name, engine_id=None) -> int; router.set_worker_accepting(worker, ok)
+    router.retire_worker(worker); router.live_workers()   run-time joins, drains, leaves
     router.notify(kind, request_id=..., worker=..., session_id=..., **payload)
         feedback for stateful policies (e.g. kind="admission" in P/D); reaches
         DecodeSelector.on_event and the agentic_router_event hook
@@ -87,6 +89,8 @@ from typing import Any
 import pluggy
 
 from agentic_common import EngineState
+from agentic_router._worker_changes import WorkerChanges
+from agentic_router._worker_table import WorkerTable
 from agentic_router.decision import Decision, DecisionTrace
 from agentic_router.engine_metrics import EngineMetrics
 from agentic_router.instance import NONE_UNRESERVED, InstanceState, Unreserved
@@ -98,7 +102,6 @@ from agentic_router.state import (
     SequenceEntry,
     SequenceState,
     WorkerLoad,
-    WorkerTable,
 )
 from agentic_router.types import Clock, RouterConfig, RouterEvent, RoutingRequest
 
@@ -128,8 +131,9 @@ def _default_engine_map(n: int) -> dict[str, int]:
     return {f"engine_{i}": i for i in range(n)}
 
 
-class Router:
-    """See the module docstring for the API."""
+class Router(WorkerChanges):
+    """See the module docstring for the API (workers joining and leaving at run
+    time: `WorkerChanges`)."""
 
     def __init__(
         self,
@@ -282,15 +286,21 @@ class Router:
         self, req: RoutingRequest, now: float, seq: int, notes: dict[str, Any]
     ) -> ScoringContext:
         n = self.num_workers
-        healthy = [w for w in range(n) if self.workers.healthy(w)]
+        workers = self.workers
+        open_slots = workers.open_slots()  # not draining or retired
+        healthy = [w for w in open_slots if workers.healthy(w)]
         if not healthy:
-            healthy = list(range(n))
+            if not open_slots:
+                raise ValueError("no worker takes new requests (all draining or retired)")
+            healthy = open_slots
             notes["no_healthy_workers"] = True
+        rank = self._rank
         return ScoringContext(
             request=req,
             candidates=healthy,
             states=self._states(healthy, now),
-            num_workers=n,
+            num_workers=n if rank is None else self._num_live,
+            rank=rank,
             home=self.registry.session_home(req.session_id, now),
             seq=seq,
             now=now,
@@ -626,10 +636,12 @@ class Router:
     def snapshot(self) -> dict[str, Any]:
         now = self.clock()
         workers = []
-        for w in range(self.num_workers):
+        for w in self.live_workers():
             d = self._instance(w, now).to_dict()
             d["name"] = self.workers.name(w)
             d["healthy"] = self.workers.healthy(w)
+            if not self.workers.accepting(w):
+                d["draining"] = True
             d["prefix_blocks"] = self.registry.blocks_held(w)
             m = self._metrics[w]
             d["metrics"] = (

@@ -315,6 +315,8 @@ def redacted(obj: Any) -> dict[str, Any]:
     """A settings dataclass as JSON-able data, with secrets hidden (for /state, logs)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
+        if not f.init:
+            continue  # derived from the settings, not one of them
         value = getattr(obj, f.name)
         meta = f.metadata.get(_META)
         if meta is not None and meta.secret and value is not None:

@@ -7,6 +7,7 @@ A one-way write DAG (docs/design.md §3):
       -> read model, derived:         PromptRegistry (per-worker load projection,
                                        prefix-block membership, session homes)
 
+(WorkerTable lives in `agentic_router._worker_table`.)
 The read model never writes back. It is bounded (capacity per worker, LRU,
 TTL) so a long run does not grow without bound; losing an entry costs routing
 quality, never ownership. The write model's invariants: every active request
@@ -26,6 +27,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from agentic_router._worker_table import WorkerTable
+
 # Anomaly counter keys (SequenceState.anomalies).
 DUPLICATE_ADD: Final = "duplicate_add"
 UNKNOWN_PREFILL_DONE: Final = "unknown_prefill_completed"
@@ -34,46 +37,6 @@ LATE_PREFILL_DONE: Final = "prefill_completed_after_free"
 UNKNOWN_FREE: Final = "unknown_free"
 DUPLICATE_FREE: Final = "duplicate_free"
 RECONCILED_FREE: Final = "reconciled_free"
-
-
-class WorkerTable:
-    """Worker identity -> slot. Slots are dense 0..n-1 in the order given."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        if not names:
-            raise ValueError("a router needs at least one worker")
-        if len(set(names)) != len(names):
-            raise ValueError(f"worker names must be unique: {list(names)}")
-        self._names = tuple(names)
-        self._slots = {name: i for i, name in enumerate(self._names)}
-        self._healthy = [True] * len(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self._names
-
-    def slot(self, name: str) -> int:
-        try:
-            return self._slots[name]
-        except KeyError:
-            raise KeyError(f"unknown worker {name!r}; known: {list(self._names)}") from None
-
-    def name(self, slot: int) -> str:
-        return self._names[slot]
-
-    def check(self, slot: int) -> int:
-        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < len(self):
-            raise ValueError(f"worker must be an int in 0..{len(self) - 1}, got {slot!r}")
-        return slot
-
-    def set_healthy(self, slot: int, healthy: bool) -> None:
-        self._healthy[self.check(slot)] = healthy
-
-    def healthy(self, slot: int) -> bool:
-        return self._healthy[slot]
 
 
 @dataclass(slots=True)
@@ -164,6 +127,10 @@ class ActiveSequences:
     def __init__(self, num_workers: int) -> None:
         self._entries: list[dict[str, SequenceEntry]] = [{} for _ in range(num_workers)]
         self._load: list[WorkerLoad] = [WorkerLoad() for _ in range(num_workers)]
+
+    def add_worker(self) -> None:
+        self._entries.append({})
+        self._load.append(WorkerLoad())
 
     def load(self, worker: int) -> WorkerLoad:
         return self._load[worker]
@@ -263,6 +230,7 @@ class PromptRegistry:
         self._working_set = [0] * num_workers
         self._arrivals = [(0.0, 0.0)] * num_workers  # (decayed count, when)
         self.capacity_tokens = [capacity_tokens] * num_workers
+        self._default_capacity = capacity_tokens  # a joining worker's, until it reports its own
         self._block_tokens = [1] * num_workers  # tokens per block of the latest touch
         self.ttl_s = ttl_s
         self.session_capacity = session_capacity
@@ -274,6 +242,37 @@ class PromptRegistry:
         self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.evicted_blocks = 0
         self.evicted_sessions = 0
+
+    # -- workers joining and leaving ---------------------------------------
+    def add_worker(self) -> None:
+        """Grow every per-worker array by one worker (appended slot)."""
+        self._working_set.append(0)
+        self._arrivals.append((0.0, 0.0))
+        self.capacity_tokens.append(self._default_capacity)
+        self._block_tokens.append(1)
+        self._workers.append(_WorkerBlocks())
+        self._loads.append(WorkerLoad())
+
+    def forget_worker(self, worker: int) -> None:
+        """A retired worker: drop the prefix blocks it held and the sessions homed on
+        it (their next turn finds a new home), so its slot costs nothing but its
+        place in the arrays."""
+        keep = ~(1 << worker)
+        holders = self._holders
+        lru = self._workers[worker].lru
+        for h in lru:
+            mask = holders.get(h, 0) & keep
+            if mask:
+                holders[h] = mask
+            else:
+                holders.pop(h, None)
+        self._workers[worker] = _WorkerBlocks()
+        for sid in [s for s, (w, _) in self._sessions.items() if w == worker]:
+            del self._sessions[sid]
+        for sid in [s for s, (w, _, _) in self._active.items() if w == worker]:
+            del self._active[sid]
+        self._working_set[worker] = 0
+        self._arrivals[worker] = (0.0, 0.0)
 
     # -- load projection -------------------------------------------------
     def project_load(self, worker: int, load: WorkerLoad) -> None:

@@ -38,6 +38,7 @@ SPECIAL: dict[str, Any] = {
     "session_fields": ["metadata.session"],
     "request_id_header": "X-Correlation-Id",
     "log_dir": "/tmp/agentic-router-logs",
+    "engines_file": str(Path(__file__).parents[1] / "data" / "engines.yaml"),
 }
 ALL = settings.exposed((ServerConfig, RouterConfig, MigrationSettings))
 

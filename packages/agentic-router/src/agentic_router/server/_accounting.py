@@ -47,6 +47,13 @@ log = logging.getLogger("agentic_router.server")
 AGGREGATED: Final = "aggregated"
 PD: Final = "pd"
 
+# An engine's place in the worker set (the worker API, docs/serve.md): it takes
+# new requests (active), or not while the ones it has finish (draining), or it
+# has left (removed: its slot stays, never picked, never reused).
+ACTIVE: Final = "active"
+DRAINING: Final = "draining"
+REMOVED: Final = "removed"
+
 
 @dataclass
 class Endpoint:
@@ -59,6 +66,10 @@ class Endpoint:
     requests: int = 0
     last_health_ok: float | None = None
     health_checks_failed: int = 0
+    state: str = ACTIVE
+    remove_when_idle: bool = False  # removal asked while requests were in flight
+    source: str = "config"  # config (flags), api, or file (the engines file)
+    inflight: int = 0  # requests being sent to it or relayed from it now
     _urls: dict[str, yarl.URL] = field(default_factory=dict)
 
     def url(self, path: str) -> yarl.URL:
@@ -74,6 +85,9 @@ class Endpoint:
             "engine_id": self.spec.engine_id,
             "url": redact_uri(self.spec.url),
             "role": self.role,
+            "state": self.state,
+            "source": self.source,
+            "inflight": self.inflight,
             "requests": self.requests,
             "last_health_ok": self.last_health_ok,
             "health_checks_failed": self.health_checks_failed,
@@ -192,6 +206,11 @@ class Telemetry:
             ("engine", "status", "outcome"),
         )
 
+    def forget_engine(self, engine_id: str) -> None:
+        """An engine left: its series leave /metrics (a new engine may take its id)."""
+        for family in self.families():
+            family.drop("engine", engine_id)
+
     def families(self) -> list[Family]:
         return [
             self.ttft,
@@ -238,6 +257,13 @@ class Accounting:
         self.mode = PD if config.pd_mode else AGGREGATED
         self.logs: JsonlLogs | None = None  # set for the app's lifetime when --log-dir is set
         self._degraded: set[int] = set()  # slots whose breaker is not closed
+        # draining engines to remove once idle (the worker set checks after each request)
+        self.pending_removal: set[int] = set()
+        self.on_idle: Callable[[], None] = lambda: None
+
+    def live(self) -> list[Endpoint]:
+        """The engines not removed (active and draining), in slot order."""
+        return [ep for ep in self.endpoints if ep.state != REMOVED]
 
     # ---- engines' health, as the Router sees it ----
 
@@ -250,6 +276,9 @@ class Accounting:
         refused: set[int] = set()
         for slot in list(self._degraded):
             ep = self.endpoints[slot]
+            if ep.state == REMOVED:
+                self._degraded.discard(slot)
+                continue
             usable = ep.breaker.usable()
             self.core.set_usable(slot, usable)
             if not usable:
@@ -317,11 +346,13 @@ class Accounting:
         trials = []
         for ep in eps:
             ep.requests += 1
+            ep.inflight += 1
             trials.append(ep.breaker.dispatched())
         try:
             yield
         finally:
             for ep, trial in zip(eps, trials, strict=True):
+                ep.inflight -= 1
                 ep.breaker.abandoned(trial)
 
     # ---- outcomes and records ----
@@ -342,6 +373,8 @@ class Accounting:
         status = "none" if response is None else str(response.status)
         t.engine_requests.inc(engine, status, ctx.outcome or "unknown")
         self.log_outcome(ctx, response)
+        if self.pending_removal:  # every reservation of this request is freed by now
+            self.on_idle()
 
     def log_outcome(self, ctx: RequestContext, response: web.StreamResponse | None) -> None:
         """One request-outcomes.jsonl line: the router's own TTFT and end-to-end time."""

@@ -1,4 +1,5 @@
 """The endpoints around generation: /v1/models, /health, /state and /metrics.
+(The worker API, /admin/workers, is `_workers`; it shares `admin_refusal`.)
 
 Read-only views of the proxy's state; none of them reserves load or
 changes routing (except that /health and /v1/models refresh what the
@@ -17,12 +18,29 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agentic_router.server._accounting import Accounting, Endpoint
+from agentic_router.server._accounting import ACTIVE, Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
 from agentic_router.server._process import process_families
 from agentic_router.server._upstream import EngineClient, TooLarge, json_error, read_capped
+
+
+def admin_refusal(request: web.Request, config: ServerConfig, what: str) -> web.Response | None:
+    """The answer to a request for an admin endpoint without the admin token (403
+    while no token is set, 401 without the right one), or None to go on."""
+    token = config.admin_token
+    if not token:
+        return json_error(403, f"{what} is disabled: set --admin-token to enable it")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return json_error(
+            401,
+            f"{what} needs 'Authorization: Bearer <admin token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return None
+
 
 #: what GET /health says of an engine, by its circuit-breaker state (kept beside it):
 #: an operator reads "healthy", not the breaker's "closed"
@@ -76,7 +94,7 @@ class AdminEndpoints:
             data = answer.get("data")
             return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
-        usable = [ep for ep in self.acct.endpoints if ep.breaker.state != OPEN]
+        usable = [ep for ep in self.acct.live() if ep.breaker.state != OPEN]
         merged: dict[str, dict[str, Any]] = {}
         for models in await asyncio.gather(*(one(ep) for ep in usable)):
             for model in models:
@@ -88,40 +106,34 @@ class AdminEndpoints:
     async def health(self, request: web.Request) -> web.Response:
         acct = self.acct
         acct.sync_health()
-        roles = {ep.role for ep in acct.endpoints if ep.breaker.usable()}
+        live = acct.live()
+        # a draining engine answers what it has but takes nothing new
+        roles = {ep.role for ep in live if ep.state == ACTIVE and ep.breaker.usable()}
         ok = ("prefill" in roles and "decode" in roles) if self.config.pd_mode else bool(roles)
-        body: dict[str, Any] = {
-            "status": "ok" if ok else "unavailable",
-            "engines": {
-                ep.spec.engine_id: {
-                    "status": ENGINE_STATUS[ep.breaker.state],
-                    "breaker": ep.breaker.state,
-                }
-                for ep in acct.endpoints
-            },
-        }
+        engines: dict[str, Any] = {}
+        for ep in live:
+            engines[ep.spec.engine_id] = {
+                "status": ENGINE_STATUS[ep.breaker.state],
+                "breaker": ep.breaker.state,
+            }
+            if ep.state != ACTIVE:
+                engines[ep.spec.engine_id]["state"] = ep.state
+        body: dict[str, Any] = {"status": "ok" if ok else "unavailable", "engines": engines}
         problems = acct.core.feed_problems()
         if problems:  # a warning, not unhealth: traffic still flows on shadow load
             body["feed_problems"] = problems
         return web.json_response(body, status=200 if ok else 503)
 
     async def state(self, request: web.Request) -> web.Response:
-        token = self.config.admin_token
-        if not token:
-            return json_error(403, "GET /state is disabled: set --admin-token to enable it")
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return json_error(
-                401,
-                "GET /state needs 'Authorization: Bearer <admin token>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        refused = admin_refusal(request, self.config, "GET /state")
+        if refused is not None:
+            return refused
         acct = self.acct
         body = {
             "ts": time.time(),
             "mode": acct.mode,
             "inflight": self._inflight(),
-            "engines": [ep.to_dict() for ep in acct.endpoints],
+            "engines": [ep.to_dict() for ep in acct.live()],
             "router": acct.core.snapshot(),
             "feed": acct.core.feed_status(),
             "config": self.config.redacted(),
@@ -139,7 +151,7 @@ class AdminEndpoints:
             "circuit breaker per engine: 0 closed, 1 half_open, 2 open",
             ("engine",),
         )
-        for ep in acct.endpoints:
+        for ep in acct.live():
             breaker.set(ep.spec.engine_id, value=float(STATE_CODE[ep.breaker.state]))
         families += [
             inflight,

@@ -9,7 +9,9 @@ the route table; the work is done elsewhere:
 - the request path: `_aggregated` / `_pd` (with `_handoff`), over the engine
   client (`_upstream`), with the bookkeeping in `_accounting`;
 - routing decisions: the Router, through `_routing.RoutingCore`;
-- /v1/models, /health, /state, /metrics: `_admin`.
+- /v1/models, /health, /state, /metrics: `_admin`;
+- engines joining and leaving at run time (/admin/workers, --engines-file):
+  `_workers`.
 
 It must not block the event loop or hold unbounded queues: request bodies
 are read within bounds (`_body`: size, bytes held at once, read deadline),
@@ -50,6 +52,7 @@ from agentic_router.server._request_id import (
 )
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._upstream import EngineClient, HealthChecker, json_error
+from agentic_router.server._workers import WorkerSet
 
 log = logging.getLogger("agentic_router.server")
 
@@ -87,9 +90,14 @@ class Proxy:
             Endpoint(i, spec, role, Breaker(config.failure_threshold, config.circuit_open_s))
             for i, (spec, role) in enumerate(zip(specs, roles, strict=True))
         ]
-        self.core = RoutingCore(config, [s.engine_id for s in specs], roles, plugin_manager)
+        self.core = RoutingCore(
+            config, [s.engine_id for s in specs], roles, plugin_manager, [s.url for s in specs]
+        )
         self.telemetry = Telemetry()
         self.acct = Accounting(config, self.endpoints, self.core, self.telemetry)
+        # engines joining and leaving at run time (worker API, --engines-file)
+        self.workers = WorkerSet(config, self.acct, self.core, self.telemetry)
+        self.workers.start_from_file()
         self.client = EngineClient(config, self.acct)
         self.client_errors = Family(
             "agentic_router_client_errors_total",
@@ -99,7 +107,11 @@ class Proxy:
             ("status",),
         )
         self.admin = AdminEndpoints(
-            config, self.acct, self.client, lambda: self.inflight, extra=[self.client_errors]
+            config,
+            self.acct,
+            self.client,
+            lambda: self.inflight,
+            extra=[self.client_errors, self.workers.file_reloads],
         )
         self.inflight = 0
         self.body_budget = BodyBudget(config.max_buffered_body_bytes)
@@ -124,6 +136,8 @@ class Proxy:
         if self.config.health_check_interval_s > 0:
             checker = HealthChecker(self.config, self.acct, self.client)
             tasks.append(asyncio.create_task(checker.run(), name="health-checks"))
+        if self.config.engines_file:
+            tasks.append(asyncio.create_task(self.workers.watch_file(), name="engines-file"))
         await self.core.start()
         try:
             yield
@@ -356,4 +370,5 @@ def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Applicat
     app.router.add_get("/health", admin.health)
     app.router.add_get("/metrics", admin.metrics)
     app.router.add_get("/state", admin.state)
+    proxy.workers.routes(app)
     return app

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,15 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from agentic_common import check_uri, redact_uri
+from agentic_common import check_uri
 from agentic_router import settings as _settings
 from agentic_router.migration.settings import MigrationSettings
+from agentic_router.server._engines import (
+    EngineEntry,
+    EngineError,
+    check_engine_url,
+    startup_file_engines,
+)
 from agentic_router.settings import (
     ENV_PREFIX,
     Declared,
@@ -60,6 +67,9 @@ def _header_name(value: Any) -> str | None:
     if not value or not set(value) <= _TCHAR:
         return "an HTTP header name (letters, digits and -, no spaces)"
     return None
+
+
+log = logging.getLogger("agentic_router.server")
 
 
 class ConfigError(SettingError):
@@ -123,6 +133,16 @@ class ServerConfig:
         "(RouterConfig.extra; `agentic-router plugins` lists them); an unknown name stops serve. "
         "The routing flags below are the same knobs and win over this",
         flag="--router-option",
+    )
+    engines_file: str | None = setting(
+        None,
+        "YAML or JSON list of engines (URL, `ID=URL`, or {url, role, engine_id}), watched: "
+        "engines added to it join, engines gone from it are drained then removed; a malformed "
+        "version is logged and ignored (the last good one stays). Alone, or beside --engine / "
+        "--prefill / --decode (those stay fixed)",
+    )
+    engines_file_poll_s: float = setting(
+        2.0, "how often the engines file's modification time is checked", check=positive
     )
     engine_state_uri: str | None = setting(
         None,
@@ -263,12 +283,32 @@ class ServerConfig:
             )
         if self.engines and (self.prefill or self.decode):
             raise ConfigError("use either --engine (aggregated) or --prefill/--decode (P/D)")
-        if not self.engines and not (self.prefill and self.decode):
+        if not self.engines and not (self.prefill and self.decode) and not self.engines_file:
             raise ConfigError(
-                "no engines: give --engine URL (aggregated) or both --prefill and --decode (P/D)"
+                "no engines: give --engine URL (aggregated), both --prefill and --decode (P/D), "
+                "or --engines-file"
             )
+        file_engines: tuple[EngineEntry, ...] = ()
+        if self.engines_file:
+            file_engines = startup_file_engines(self.engines_file)
+        # The mode is fixed at start: the flags say it, or else the engines file does
+        # (P/D when it names a prefill or decode engine).
+        pd = bool(self.prefill or self.decode) or (
+            not self.engines and any(e.role in ("prefill", "decode") for e in file_engines)
+        )
+        try:
+            for e in file_engines:
+                e.resolved_role(pd)
+        except EngineError as exc:
+            log.error("--engines-file %s ignored at start: %s", self.engines_file, exc)
+            file_engines = ()
+        object.__setattr__(self, "pd", pd)
+        object.__setattr__(self, "file_engines", file_engines)
         for spec in (*self.engine_specs(), *self.prefill_specs(), *self.decode_specs()):
-            _check_engine_url(spec.url)
+            try:
+                check_engine_url(spec.url)
+            except EngineError as exc:
+                raise ConfigError(str(exc)) from None
         if self.engine_state_uri is not None:
             try:
                 check_uri(self.engine_state_uri)
@@ -278,9 +318,16 @@ class ServerConfig:
         if len(set(ids)) != len(ids):
             raise ConfigError(f"engine ids must be unique, got {ids}")
 
+    # derived in __post_init__, not settings
+    pd: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+    #: the engines file as read at start (its engines join after the flags' ones)
+    file_engines: tuple[EngineEntry, ...] = dataclasses.field(
+        default=(), init=False, repr=False, compare=False
+    )
+
     @property
     def pd_mode(self) -> bool:
-        return bool(self.prefill)
+        return self.pd
 
     def engine_specs(self) -> list[EngineSpec]:
         return _specs(self.engines, "engine_")
@@ -316,17 +363,6 @@ def _read_token(path: str) -> str:
     if not token:
         raise ConfigError(f"admin_token_file {path} is empty")
     return token
-
-
-def _check_engine_url(url: str) -> None:
-    """An engine URL every request can use: http(s), a host, a valid port if any."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # ValueError when not a number in 0..65535
-    except ValueError:
-        parts, port = None, None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise ConfigError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}")
 
 
 def _specs(entries: Sequence[str], prefix: str) -> list[EngineSpec]:

@@ -50,6 +50,14 @@ class Family:
     def set(self, *label_values: str, value: float) -> None:
         self.values[label_values] = value
 
+    def drop(self, label: str, value: str) -> None:
+        """Forget every series whose `label` is `value` (an engine that left)."""
+        if label not in self.labels:
+            return
+        i = self.labels.index(label)
+        for key in [k for k in self.values if k[i] == value]:
+            del self.values[key]
+
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} {self.kind}"
@@ -152,6 +160,13 @@ class Histogram(Family):
 
     def observe(self, value: float, *label_values: str) -> None:
         self.child(*label_values).observe(value)
+
+    def drop(self, label: str, value: str) -> None:
+        if label not in self.labels:
+            return
+        i = self.labels.index(label)
+        for key in [k for k in self.series if k[i] == value]:
+            del self.series[key]
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"

@@ -31,7 +31,7 @@ from agentic_router.router import Router
 from agentic_router.server._config import ConfigError, ServerConfig, router_config
 from agentic_router.server._exposition import Family
 from agentic_router.server._parse import ParsedRequest
-from agentic_router.types import RoutingRequest
+from agentic_router.types import RouterConfig, RoutingRequest
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -44,9 +44,13 @@ OPTION_SOURCES = "--router-option, AGENTIC_ROUTER_OPTIONS or router_options in -
 class Pool:
     role: str
     router: Router
-    offset: int  # global slot of this pool's worker 0
-    size: int
+    slots: list[int]  # the global slot of each of the Router's workers, in worker order
     feed: Feed | None = None  # while running
+
+    @property
+    def size(self) -> int:
+        """Workers the pool's Router has (retired ones included: slots are not reused)."""
+        return len(self.slots)
 
 
 class RoutingCore:
@@ -56,37 +60,32 @@ class RoutingCore:
         engine_ids: Sequence[str],
         roles: Sequence[str],
         plugin_manager: Any = None,
+        urls: Sequence[str] | None = None,
     ) -> None:
         self.config = config
         self.pm = plugin_manager
         if self.pm is None:
             self.pm = make_plugin_manager(allow=config.plugins or None)
         self.pools: dict[str, Pool] = {}
+        # global slot -> (its pool, its worker in the pool's Router); appended to as
+        # engines join, never renumbered
         self._slot_pool: list[Pool] = []
-        extra: dict[str, Any] | None = None  # the plugin knobs, checked
+        self._slot_worker: list[int] = []
+        self._extra: dict[str, Any] | None = None  # the plugin knobs, checked once
+        # global slot -> the engine's base URL (the feed-off reconcile scrapes it)
+        self._urls: list[str] = (
+            list(urls) if urls is not None else [s.url for s in config.worker_specs()]
+        )
+        by_role: dict[str, list[int]] = {}
+        for slot, role in enumerate(roles):
+            by_role.setdefault(role, []).append(slot)
         for role in (BOTH, PREFILL, DECODE):
-            ids = [e for e, r in zip(engine_ids, roles, strict=True) if r == role]
-            if not ids:
-                continue
-            rc = router_config(config, ids)
-            if rc.extra:
-                if extra is None:  # once for every pool: one warning, one error
-                    try:
-                        extra = check_router_options(self.pm, rc.extra, source=OPTION_SOURCES)
-                    except ValueError as exc:
-                        raise ConfigError(str(exc)) from None
-                rc = dataclasses.replace(rc, extra=extra)
-            policy = config.policy
-            if role == DECODE and config.decode_policy:
-                policy = config.decode_policy
-            try:
-                router = Router(ids, policy, config=rc, plugin_manager=self.pm)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            pool = Pool(role, router, len(self._slot_pool), len(ids))
-            self.pools[role] = pool
-            self._slot_pool.extend([pool] * len(ids))
-        self.router_config = next(iter(self.pools.values())).router.config
+            slots = by_role.get(role)
+            if slots:
+                self._new_pool(role, [engine_ids[s] for s in slots], slots)
+        # the routing knobs every pool shares (request building reads them)
+        self.router_config = self._router_config([])
+        self._running = False
         self._owner: dict[str, Pool] = {}
         self.last_decision_s = 0.0  # how long the latest decide() took
         # the latest decision's expected prefix-cache hit on its worker (tokens), for
@@ -99,6 +98,87 @@ class RoutingCore:
         )
         # A session's next turn hashes only the text its last prompt did not have.
         self.prefix_memo = TextChainMemo()
+
+    def _router_config(self, ids: list[str]) -> RouterConfig:
+        rc = router_config(self.config, ids)
+        if rc.extra:
+            if self._extra is None:  # once for every pool: one warning, one error
+                try:
+                    self._extra = check_router_options(self.pm, rc.extra, source=OPTION_SOURCES)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+            rc = dataclasses.replace(rc, extra=self._extra)
+        return rc
+
+    def _new_pool(self, role: str, ids: list[str], slots: list[int]) -> Pool:
+        rc = self._router_config(ids)
+        policy = self.config.policy
+        if role == DECODE and self.config.decode_policy:
+            policy = self.config.decode_policy
+        try:
+            router = Router(ids, policy, config=rc, plugin_manager=self.pm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        pool = Pool(role, router, list(slots))
+        self.pools[role] = pool
+        for w, slot in enumerate(slots):
+            assert slot == len(self._slot_pool), "slots are appended in order"
+            self._slot_pool.append(pool)
+            self._slot_worker.append(w)
+        return pool
+
+    # ---- engines joining and leaving at run time ----
+
+    def add_engine(self, engine_id: str, role: str, url: str) -> int:
+        """An engine joins `role`'s pool (created if it had none); returns its global
+        slot, the next one (slots are never reused). Raises ValueError when the
+        pool already has a live worker with that engine id."""
+        slot = len(self._slot_pool)
+        pool = self.pools.get(role)
+        if pool is None:
+            self._urls.append(url)
+            self._new_pool(role, [engine_id], [slot])
+            if self._running:
+                self._start_feed(self.pools[role])
+            return slot
+        w = pool.router.add_worker(engine_id)
+        self._urls.append(url)
+        pool.slots.append(slot)
+        self._slot_pool.append(pool)
+        self._slot_worker.append(w)
+        self._feed_engines_changed(pool)
+        return slot
+
+    def set_accepting(self, slot: int, accepting: bool) -> None:
+        """Drain the engine (False: no new request) or reopen it."""
+        pool = self._slot_pool[slot]
+        pool.router.set_worker_accepting(self._slot_worker[slot], accepting)
+
+    def retire(self, slot: int) -> None:
+        """The engine left: its slot is never picked again and its routing state is
+        freed (requests still reserved there are freed by their own ending)."""
+        pool = self._slot_pool[slot]
+        pool.router.retire_worker(self._slot_worker[slot])
+        self._feed_engines_changed(pool)
+
+    def retired(self, slot: int) -> bool:
+        return self._slot_pool[slot].router.workers.retired(self._slot_worker[slot])
+
+    def reserved(self, slot: int) -> int:
+        """Requests the router holds reserved on the engine now."""
+        pool = self._slot_pool[slot]
+        return pool.router.state.active.load(self._slot_worker[slot]).num_requests
+
+    def _feed_engines_changed(self, pool: Pool) -> None:
+        feed = pool.feed
+        if isinstance(feed, StateFeed):
+            feed.engines_changed()
+        elif isinstance(feed, MetricsReconciler):
+            router = pool.router
+            feed.urls = [
+                None if router.workers.retired(w) else self._urls[slot] + "/metrics"
+                for w, slot in enumerate(pool.slots)
+            ]
 
     # ---- requests ----
 
@@ -124,12 +204,16 @@ class RoutingCore:
         """The pool Router's decision, with `exclude` (global slots) kept out.
         The Decision's worker and decode_worker are turned into global slots.
         None when every worker of the pool is excluded."""
-        pool = self.pools[role]
-        router = pool.router
-        local_ex = [s - pool.offset for s in exclude if pool.offset <= s < pool.offset + pool.size]
-        if len(local_ex) >= pool.size:
+        pool = self.pools.get(role)
+        if pool is None:
             return None
-        saved = [(w, router.workers.healthy(w)) for w in local_ex]
+        router = pool.router
+        slot_worker = self._slot_worker
+        local_ex = [slot_worker[s] for s in exclude if self._slot_pool[s] is pool]
+        workers = router.workers
+        if not any(workers.accepting(w) for w in range(pool.size) if w not in local_ex):
+            return None  # every open worker is excluded (or none is open)
+        saved = [(w, workers.healthy(w)) for w in local_ex]
         started = time.perf_counter()
         for w in local_ex:
             router.set_worker_health(w, False)
@@ -144,16 +228,16 @@ class RoutingCore:
             return None
         # the registry lookup add_request's freeze() makes anyway, before the reservation
         self.last_cached_tokens = decision.cached_prompt_tokens()
-        if pool.offset == 0:
+        slots = pool.slots
+        if slots[-1] == len(slots) - 1:  # ascending from 0: the pool's slots are 0..n-1
             return decision
-        off = pool.offset
         decode = decision.decode_worker  # a worker of the same pool (Mechanism B)
         home = decision.home
         return dataclasses.replace(
             decision,
-            worker=decision.worker + off,
-            decode_worker=None if decode is None else decode + off,
-            home=None if home is None else home + off,
+            worker=slots[decision.worker],
+            decode_worker=None if decode is None else slots[decode],
+            home=None if home is None else slots[home],
         )
 
     def add_request(
@@ -162,8 +246,8 @@ class RoutingCore:
         """AddRequest; with `decode_worker` (a slot of the same pool) the core moves
         the request's load there when its prefill completes (Mechanism B)."""
         pool = self._slot_pool[slot]
-        local_decode = None if decode_worker is None else decode_worker - pool.offset
-        pool.router.add_request(req, slot - pool.offset, decode_worker=local_decode)
+        local_decode = None if decode_worker is None else self._slot_worker[decode_worker]
+        pool.router.add_request(req, self._slot_worker[slot], decode_worker=local_decode)
         self._owner[req.request_id] = pool
 
     def mark_prefill_completed(self, request_id: str) -> None:
@@ -178,11 +262,11 @@ class RoutingCore:
 
     def notify(self, kind: str, slot: int, **payload: Any) -> None:
         pool = self._slot_pool[slot]
-        pool.router.notify(kind, worker=slot - pool.offset, **payload)
+        pool.router.notify(kind, worker=self._slot_worker[slot], **payload)
 
     def set_usable(self, slot: int, usable: bool) -> None:
         pool = self._slot_pool[slot]
-        pool.router.set_worker_health(slot - pool.offset, usable)
+        pool.router.set_worker_health(self._slot_worker[slot], usable)
 
     def active_requests(self) -> int:
         return sum(len(p.router.state.index) for p in self.pools.values())
@@ -190,30 +274,31 @@ class RoutingCore:
     # ---- background loops ----
 
     async def start(self) -> None:
+        self._running = True
         for pool in self.pools.values():
-            feed: Feed | None = None
-            if self.config.engine_state_uri:
-                feed = StateFeed(pool.router, self.config.engine_state_uri)
-            elif pool.router.config.reconcile_period_s > 0:
-                specs = self._specs(pool)
-                feed = MetricsReconciler(
-                    pool.router,
-                    [s.url + "/metrics" for s in specs],
-                    timeout_s=self.config.health_check_timeout_s,
-                )
-            if feed is not None:
-                feed.start()
-                pool.feed = feed
+            self._start_feed(pool)
+
+    def _start_feed(self, pool: Pool) -> None:
+        feed: Feed | None = None
+        if self.config.engine_state_uri:
+            feed = StateFeed(pool.router, self.config.engine_state_uri)
+        elif pool.router.config.reconcile_period_s > 0:
+            feed = MetricsReconciler(
+                pool.router,
+                [self._urls[slot] + "/metrics" for slot in pool.slots],
+                timeout_s=self.config.health_check_timeout_s,
+            )
+        if feed is not None:
+            feed.start()
+            pool.feed = feed
+            self._feed_engines_changed(pool)  # a retired worker is not scraped
 
     async def stop(self) -> None:
+        self._running = False
         for pool in self.pools.values():
             if pool.feed is not None:
                 await pool.feed.stop()
                 pool.feed = None
-
-    def _specs(self, pool: Pool) -> list[Any]:
-        specs = self.config.worker_specs()
-        return specs[pool.offset : pool.offset + pool.size]
 
     # ---- introspection ----
 
@@ -286,8 +371,10 @@ class RoutingCore:
             ("pool", "kind"),
         )
         for slot, name in enumerate(engine_ids):
+            if self.retired(slot):
+                continue  # an engine that left has no series
             pool = self._slot_pool[slot]
-            st = pool.router.instance_state(slot - pool.offset)
+            st = pool.router.instance_state(self._slot_worker[slot])
             load.set(name, "num_requests", value=float(st.eff_num_requests))
             load.set(name, "pending_prefill_tokens", value=float(st.eff_pending_prefill))
             load.set(name, "ongoing_decode_tokens", value=float(st.eff_ongoing_decode))

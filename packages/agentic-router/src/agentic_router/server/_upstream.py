@@ -544,7 +544,7 @@ class HealthChecker:
 
     async def run(self) -> None:
         while True:
-            await asyncio.gather(*(self.check(ep) for ep in self.acct.endpoints))
+            await asyncio.gather(*(self.check(ep) for ep in self.acct.live()))
             self.acct.sync_health()
             await asyncio.sleep(self.config.health_check_interval_s)
 

@@ -1,0 +1,114 @@
+"""Workers joining and leaving a Router at run time (the Router's mixin).
+
+Slots are appended, never renumbered: `add_worker` grows every per-worker
+array by one; `retire_worker` marks a slot as gone for good (never a
+candidate, its real state, prefix blocks and session homes freed, its slot
+not reused), so decisions, reservations and policy tables that name a worker
+stay right. `set_worker_accepting(w, False)` drains: no new request goes to
+the worker while the ones it has finish. The rotation (round robin, the last
+tie-break) counts only the workers not retired (`ScoringContext.rank`).
+
+Must not await or do I/O, like the Router.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from agentic_router.instance import NONE_UNRESERVED
+from agentic_router.types import RouterEvent
+
+if TYPE_CHECKING:
+    from agentic_common import EngineState
+    from agentic_router._worker_table import WorkerTable
+    from agentic_router.engine_metrics import EngineMetrics
+    from agentic_router.instance import InstanceState, Unreserved
+    from agentic_router.state import PromptRegistry, SequenceState, WorkerLoad
+    from agentic_router.types import Clock
+
+
+class WorkerChanges:
+    """The Router's add / drain / retire of workers (see the module docstring)."""
+
+    # the Router's own state these methods grow and free
+    workers: WorkerTable
+    num_workers: int
+    clock: Clock
+    registry: PromptRegistry
+    state: SequenceState
+    _engine_map: dict[str, int]
+    _real: list[EngineState | None]
+    _unreserved: list[Unreserved]
+    _history: list[deque[tuple[float, WorkerLoad]]]
+    _inst_cache: list[InstanceState | None]
+    _metrics: list[EngineMetrics | None]
+    _excess_since: list[float | None]
+    # with workers retired: each worker's place among the live ones (the rotation's);
+    # None while every worker is live
+    _rank: list[int] | None = None
+    _num_live: int = 0
+
+    def _dispatch(self, event: RouterEvent) -> None:
+        raise NotImplementedError
+
+    def add_worker(self, name: str, engine_id: str | None = None) -> int:
+        """A worker joins: a new slot appended to every per-worker array (no slot is
+        renumbered, so a decision, a reservation or a policy's table that names a
+        worker stays right). `engine_id` names its snapshots in the feed."""
+        engine_id = name if engine_id is None else engine_id
+        owner = self._engine_map.get(engine_id)
+        if owner is not None and not self.workers.retired(owner):
+            raise ValueError(f"engine id {engine_id!r} already names worker {owner}")
+        w = self.workers.add(name)
+        self.num_workers = len(self.workers)
+        self.registry.add_worker()
+        self.state.active.add_worker()
+        now = self.clock()
+        self._real.append(None)
+        self._unreserved.append(NONE_UNRESERVED)
+        self._history.append(deque([(now, self.registry.load(w))]))
+        self._inst_cache.append(None)
+        self._metrics.append(None)
+        self._excess_since.append(None)
+        self._engine_map[engine_id] = w
+        self._ranks_changed()
+        self._dispatch(RouterEvent("worker_added", None, w, None, now, {"engine_id": engine_id}))
+        return w
+
+    def set_worker_accepting(self, worker: int, accepting: bool) -> None:
+        """Drain a worker (False: no new request is placed there, even when every
+        other worker is unhealthy; the ones it has finish) or reopen it."""
+        self.workers.set_accepting(worker, accepting)
+
+    def retire_worker(self, worker: int) -> None:
+        """The worker left for good. It is never a candidate again; its real state,
+        scraped metrics, prefix blocks and session homes are dropped, and its
+        engine id stops mapping to it (a new worker may take the id). Requests
+        still reserved on it are freed by their own `free` as usual."""
+        self.workers.retire(worker)
+        for engine_id in [e for e, w in self._engine_map.items() if w == worker]:
+            del self._engine_map[engine_id]
+        self._real[worker] = None
+        self._unreserved[worker] = NONE_UNRESERVED
+        self._metrics[worker] = None
+        self._excess_since[worker] = None
+        self._inst_cache[worker] = None
+        self.registry.forget_worker(worker)
+        self._ranks_changed()
+        self._dispatch(RouterEvent("worker_retired", None, worker, None, self.clock(), {}))
+
+    def _ranks_changed(self) -> None:
+        live = self.live_workers()
+        self._num_live = len(live)
+        if len(live) == self.num_workers:
+            self._rank = None
+            return
+        rank = [-1] * self.num_workers
+        for i, w in enumerate(live):
+            rank[w] = i
+        self._rank = rank
+
+    def live_workers(self) -> list[int]:
+        """Every worker not retired (draining ones included), in slot order."""
+        return [w for w in range(self.num_workers) if not self.workers.retired(w)]

@@ -1,0 +1,161 @@
+"""Engines as the worker API and the engines file give them: parsing and checking.
+
+`EngineEntry` is one engine (URL, role and engine id, the last two optional);
+`parse_engines_file` reads a whole engines file. Both refuse bad input with an
+EngineError that says what is wrong; nothing here changes the worker set
+(`_workers` does) or imports aiohttp or the settings (`_config` reads the
+file at start through `startup_file_engines`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from agentic_common import redact_uri
+
+log = logging.getLogger("agentic_router.server")
+
+#: engine roles: aggregated engines are `both`; P/D engines `prefill` or `decode`
+ROLES: Final = ("both", "prefill", "decode")
+#: the default engine id of the i-th engine of each role (engine_0, prefill_0, ...)
+ID_PREFIX: Final = {"both": "engine_", "prefill": "prefill_", "decode": "decode_"}
+
+
+class EngineError(ValueError):
+    """An engine given wrong (a bad URL, role or id); the message says what."""
+
+
+def check_engine_url(url: str) -> None:
+    """An engine URL every request can use: http(s), a host, a valid port if any."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0..65535
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise EngineError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEntry:
+    """One engine as the worker API or the engines file gives it: its role and
+    engine id may be left out (the mode's role, the next default id)."""
+
+    url: str
+    role: str | None = None
+    engine_id: str | None = None
+
+    def resolved_role(self, pd: bool) -> str:
+        """The engine's role in a router of this mode (EngineError when it cannot be)."""
+        if pd:
+            if self.role not in ("prefill", "decode"):
+                raise EngineError(
+                    f"engine {redact_uri(self.url)}: this router runs prefill/decode, so the "
+                    f"role must be prefill or decode, got {self.role!r}"
+                )
+            return self.role
+        if self.role not in (None, "both"):
+            raise EngineError(
+                f"engine {redact_uri(self.url)}: this router runs aggregated, so the role must "
+                f"be both (or left out), got {self.role!r}"
+            )
+        return "both"
+
+
+_ENTRY_KEYS: Final = frozenset({"url", "role", "engine_id", "id"})
+
+
+def engine_entry(value: Any) -> EngineEntry:
+    """One engine from JSON/YAML data: `URL`, `ID=URL`, or {url, role?, engine_id?}
+    (`id` for engine_id). EngineError says what is wrong with it."""
+    if isinstance(value, str):
+        name, sep, given = value.partition("=")
+        if sep and "://" not in name:
+            entry = EngineEntry(url=given.strip().rstrip("/"), engine_id=name.strip())
+        else:
+            entry = EngineEntry(url=value.strip().rstrip("/"))
+    elif isinstance(value, dict):
+        unknown = sorted(str(k) for k in value if k not in _ENTRY_KEYS)
+        if unknown:
+            raise EngineError(
+                f"unknown engine field(s) {', '.join(unknown)}; known: url, role, engine_id"
+            )
+        if "id" in value and "engine_id" in value:
+            raise EngineError("give the engine id once: engine_id or id")
+        url, role = value.get("url"), value.get("role")
+        engine_id = value.get("engine_id", value.get("id"))
+        if not isinstance(url, str) or not url:
+            raise EngineError("an engine needs url: a string http(s)://host:port")
+        if role is not None and role not in ROLES:
+            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if engine_id is not None and (not isinstance(engine_id, str) or not engine_id.strip()):
+            raise EngineError(f"engine_id must be a non-empty string, got {engine_id!r}")
+        entry = EngineEntry(
+            url=url.strip().rstrip("/"),
+            role=role,
+            engine_id=None if engine_id is None else engine_id.strip(),
+        )
+    else:
+        raise EngineError(
+            f"an engine is a URL string or a mapping {{url, role, engine_id}}, got "
+            f"{type(value).__name__}"
+        )
+    check_engine_url(entry.url)
+    return entry
+
+
+def parse_engines_file(text: str) -> list[EngineEntry]:
+    """The engines file's entries: a YAML (or JSON) list, or a mapping whose
+    `engines` key is that list; an empty file is an empty list. EngineError for
+    anything else, a bad entry (with its position) or a URL or id given twice."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) if text.strip() else []
+    except yaml.YAMLError as exc:
+        folded = " ".join(str(exc).split())  # YAML's message spans lines
+        raise EngineError(f"not valid YAML or JSON: {folded}") from None
+    if isinstance(data, dict) and set(data) == {"engines"}:
+        data = data["engines"]
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        raise EngineError("must be a list of engines (or a mapping `engines: [...]`)")
+    entries = []
+    for i, value in enumerate(data):
+        try:
+            entries.append(engine_entry(value))
+        except EngineError as exc:
+            raise EngineError(f"engine #{i + 1}: {exc}") from None
+    urls = [e.url for e in entries]
+    ids = [e.engine_id for e in entries if e.engine_id is not None]
+    for what, values in (("url", urls), ("engine_id", ids)):
+        dup = sorted({v for v in values if values.count(v) > 1})
+        if dup:
+            shown = ", ".join(redact_uri(v) if what == "url" else v for v in dup)
+            raise EngineError(f"{what} given twice: {shown}")
+    return entries
+
+
+def read_engines_file(path: str) -> list[EngineEntry]:
+    """Read and parse the engines file (EngineError when unreadable or malformed)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise EngineError(f"cannot read it: {reason}") from None
+    return parse_engines_file(text)
+
+
+def startup_file_engines(path: str) -> tuple[EngineEntry, ...]:
+    """The engines file at start; missing or malformed, it is logged and the router
+    starts without its engines (they join when a good version appears)."""
+    try:
+        return tuple(read_engines_file(path))
+    except EngineError as exc:
+        log.error("--engines-file %s ignored at start: %s", path, exc)
+        return ()

@@ -1,0 +1,365 @@
+"""The worker set at run time, over real sockets: the worker API (/admin/workers)
+and --engines-file. Engines that join take traffic, drained ones stop taking new
+requests while the ones they have finish (none lost), removed ones leave /health,
+/state and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentic_router.server.testing import FakeEngine, RunningRouter, running_router
+
+from .conftest import completion_body, config, eventually, run, sse_events
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def _call(s: aiohttp.ClientSession, method: str, url: str, **kw: Any) -> tuple[int, Any]:
+    kw.setdefault("headers", AUTH)
+    async with s.request(method, url, **kw) as resp:
+        if resp.content_type == "application/json":
+            return resp.status, await resp.json()
+        return resp.status, await resp.text()
+
+
+async def _ids(s: aiohttp.ClientSession, r: RunningRouter) -> list[str]:
+    status, body = await _call(s, "GET", r.url + "/admin/workers")
+    assert status == 200, body
+    return [w["id"] for w in body["data"]]
+
+
+async def _complete(s: aiohttp.ClientSession, r: RunningRouter, n: int) -> Counter[str]:
+    """n non-streamed requests, one at a time; which engine answered each."""
+    served: Counter[str] = Counter()
+    for _ in range(n):
+        async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+            assert resp.status == 200, await resp.text()
+            served[resp.headers["X-Agentic-Worker"]] += 1
+    return served
+
+
+async def _stream_ok(s: aiohttp.ClientSession, r: RunningRouter) -> str:
+    """One streamed request that must complete: its engine's id."""
+    body = completion_body(stream=True, max_tokens=20)
+    async with s.post(r.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        events = sse_events(await resp.read())
+        assert events[-1] == "[DONE]", events[-3:]
+        return resp.headers["X-Agentic-Worker"]
+
+
+async def _gone_everywhere(s: aiohttp.ClientSession, r: RunningRouter, engine_id: str) -> None:
+    """The engine is in none of /health, /state, /metrics, /admin/workers."""
+    _, health = await _call(s, "GET", r.url + "/health")
+    assert engine_id not in health["engines"]
+    _, state = await _call(s, "GET", r.url + "/state")
+    assert engine_id not in {e["engine_id"] for e in state["engines"]}
+    for pool in state["router"].values():
+        assert engine_id not in {w["name"] for w in pool["workers"]}
+        assert engine_id not in pool["engine_map"]
+    _, metrics = await _call(s, "GET", r.url + "/metrics")
+    assert f'"{engine_id}"' not in metrics
+    assert engine_id not in await _ids(s, r)
+
+
+def test_an_engine_added_at_run_time_takes_traffic() -> None:
+    async def main() -> None:
+        a = FakeEngine(engine_id="a")
+        b = FakeEngine(engine_id="b")
+        cfg = config(engines=[f"a={a.url}"], admin_token=TOKEN)
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            assert await _complete(s, r, 4) == {"a": 4}
+            status, added = await _call(
+                s, "POST", r.url + "/admin/workers", json={"url": b.url, "engine_id": "b"}
+            )
+            assert status == 201, added
+            assert (added["id"], added["role"], added["state"]) == ("b", "both", "active")
+            assert await _ids(s, r) == ["a", "b"]
+            served = await _complete(s, r, 6)  # round_robin: both engines, in turn
+            assert served == {"a": 3, "b": 3}
+            assert b.completed == 3
+            _, health = await _call(s, "GET", r.url + "/health")
+            assert health["engines"]["b"]["status"] == "healthy"
+            _, metrics = await _call(s, "GET", r.url + "/metrics")
+            assert 'agentic_router_worker_shadow_requests{engine="b"} 0' in metrics
+            # an engine without an id gets the next default one
+            c = FakeEngine()
+            async with c:
+                status, added = await _call(
+                    s, "POST", r.url + "/admin/workers", json={"url": c.url}
+                )
+                assert status == 201
+                assert added["id"] == "engine_2"
+
+    run(main())
+
+
+def test_a_drained_engine_takes_nothing_new_and_loses_no_request() -> None:
+    """Load runs throughout: streams in flight on the drained engine finish, every
+    request of the run succeeds, and once its last one ended the engine gets none."""
+
+    async def main() -> None:
+        engines = [FakeEngine(engine_id=n, output_tokens=20) for n in ("a", "b", "c")]
+        for e in engines:
+            e.faults.token_interval_s = 0.01
+        a, b, c = engines
+        cfg = config(engines=[f"{e.engine_id}={e.url}" for e in engines], admin_token=TOKEN)
+        async with a, b, c, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            stop = asyncio.Event()
+            done: list[str] = []
+
+            async def client() -> None:
+                while not stop.is_set():
+                    done.append(await _stream_ok(s, r))
+
+            clients = [asyncio.create_task(client()) for _ in range(9)]
+            await eventually(lambda: b.inflight >= 2, "streams in flight on b")
+            status, drained = await _call(s, "POST", r.url + "/admin/workers/b/drain")
+            assert status == 200
+            assert drained["state"] == "draining"
+            ep = r.proxy.workers.find("b")
+            assert ep is not None
+            await eventually(lambda: ep.inflight == 0, "b's streams ended")
+            after_drain = len(b.requests)
+            served_before = len(done)
+            await eventually(lambda: len(done) >= served_before + 30, "more load served")
+            stop.set()
+            await asyncio.gather(*clients)  # any failed request fails the test here
+            assert len(b.requests) == after_drain  # nothing new reached b
+            assert b.aborted == 0  # its streams finished, none was cut
+            assert Counter(done[served_before:]).keys() <= {"a", "c"}
+            _, health = await _call(s, "GET", r.url + "/health")
+            assert health["status"] == "ok"
+            assert health["engines"]["b"]["state"] == "draining"
+            # drained and idle: removal is at once
+            status, removed = await _call(s, "DELETE", r.url + "/admin/workers/b")
+            assert status == 200
+            assert removed["state"] == "removed"
+            await _gone_everywhere(s, r, "b")
+            assert await _complete(s, r, 4) == {"a": 2, "c": 2}
+            await eventually(lambda: r.active_requests() == 0, "no reservation left")
+            for pool in r.proxy.core.pools.values():
+                pool.router.state.check_invariants()
+                assert not pool.router.anomalies
+
+    run(main())
+
+
+def test_removing_a_busy_engine_drains_it_first() -> None:
+    async def main() -> None:
+        a = FakeEngine(engine_id="a")
+        b = FakeEngine(engine_id="b", output_tokens=30)
+        b.faults.token_interval_s = 0.02
+        cfg = config(engines=[f"a={a.url}", f"b={b.url}"], admin_token=TOKEN)
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            await _complete(s, r, 1)  # a; the next one goes to b
+            streaming = asyncio.create_task(_stream_ok(s, r))
+            await eventually(lambda: b.inflight == 1, "a stream on b")
+            status, body = await _call(s, "DELETE", r.url + "/admin/workers/b")
+            assert status == 202, body
+            assert body["state"] == "draining"
+            assert body["remove_when_idle"] is True
+            assert "in flight" in body["message"]
+            assert (await _call(s, "GET", r.url + "/health"))[1]["engines"]["b"]["state"] == (
+                "draining"
+            )
+            assert await _complete(s, r, 3) == {"a": 3}
+            assert await streaming == "b"  # the stream it had completed
+            await eventually(lambda: r.proxy.workers.find("b") is None, "b removed when idle")
+            await _gone_everywhere(s, r, "b")
+            # its id and URL are free again: it may come back (a new slot)
+            status, back = await _call(
+                s, "POST", r.url + "/admin/workers", json={"url": b.url, "engine_id": "b"}
+            )
+            assert status == 201
+            assert back["slot"] == 2
+            b.faults.token_interval_s = 0.0
+            assert await _complete(s, r, 4) == {"a": 2, "b": 2}
+
+    run(main())
+
+
+def test_the_worker_api_needs_the_admin_token_and_says_what_is_wrong() -> None:
+    async def main() -> None:
+        a = FakeEngine(engine_id="a")
+        cfg = config(engines=[f"a={a.url}"], admin_token=TOKEN)
+        async with a, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            workers = r.url + "/admin/workers"
+            for method, url in (
+                ("GET", workers),
+                ("POST", workers),
+                ("POST", workers + "/a/drain"),
+                ("POST", workers + "/a/resume"),
+                ("DELETE", workers + "/a"),
+            ):
+                for headers in ({}, {"Authorization": "Bearer nope"}):
+                    status, body = await _call(s, method, url, headers=headers, json={})
+                    assert status == 401, (method, url)
+                    assert "admin token" in body["error"]["message"]
+
+            async def add(payload: Any) -> tuple[int, dict[str, Any]]:
+                status, body = await _call(s, "POST", workers, data=json.dumps(payload))
+                return status, body["error"]
+
+            cases: list[tuple[Any, int, str, str | None]] = [
+                ("not an object", 400, "JSON object", None),
+                ({}, 400, "needs url", "url"),
+                ({"url": "ftp://x:1"}, 400, "http(s)://host:port", "url"),
+                ({"url": "http://:80"}, 400, "http(s)://host:port", "url"),
+                ({"url": "http://127.0.0.1:1", "role": "gpu"}, 400, "role must be one of", "role"),
+                ({"url": "http://127.0.0.1:1", "role": "prefill"}, 400, "runs aggregated", "role"),
+                ({"url": "http://127.0.0.1:1", "weight": 2}, 400, "unknown engine field", None),
+                ({"url": a.url}, 409, "already in the worker set as 'a'", "url"),
+                ({"url": "http://127.0.0.1:1", "engine_id": "a"}, 409, "in use", "engine_id"),
+            ]
+            for payload, status, words, param in cases:
+                got, error = await add(payload)
+                assert got == status, (payload, error)
+                assert words in error["message"], (payload, error)
+                assert error["param"] == param, (payload, error)
+            status, body = await _call(s, "POST", workers, data=b"{not json")
+            assert status == 400
+            for method, url in (("POST", workers + "/zz/drain"), ("DELETE", workers + "/zz")):
+                status, body = await _call(s, method, url)
+                assert status == 404
+                assert "no engine with id 'zz'; engines: a" in body["error"]["message"]
+            assert await _ids(s, r) == ["a"]  # nothing refused changed the set
+
+        # no token configured: the API is off, like /state
+        e = FakeEngine()
+        async with e, running_router(config(engines=[e.url])) as r, aiohttp.ClientSession() as s:
+            status, body = await _call(s, "GET", r.url + "/admin/workers")
+            assert status == 403
+            assert "--admin-token" in body["error"]["message"]
+
+    run(main())
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file at once (write aside, rename), as a ConfigMap or sidecar does."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_the_engines_file_adds_and_removes_engines_and_survives_a_bad_version(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        a = FakeEngine(engine_id="a")
+        b = FakeEngine(engine_id="b")
+        path = tmp_path / "engines.yaml"
+        _write(path, f"- a={a.url}\n")
+        cfg = config(engines_file=str(path), engines_file_poll_s=0.02, admin_token=TOKEN)
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            assert await _ids(s, r) == ["a"]
+            assert await _complete(s, r, 2) == {"a": 2}
+
+            _write(path, json.dumps([f"a={a.url}", {"url": b.url, "engine_id": "b"}]))
+            for _ in range(500):
+                if await _ids(s, r) == ["a", "b"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert await _ids(s, r) == ["a", "b"]
+            assert await _complete(s, r, 4) == {"a": 2, "b": 2}
+
+            # a malformed version is ignored: the set stays, traffic flows
+            reloads = r.proxy.workers.file_reloads
+            _write(path, "- {url: b-is-not-a-url}\n")
+            await eventually(lambda: reloads.values.get(("malformed",), 0) == 1, "read")
+            assert await _ids(s, r) == ["a", "b"]
+            assert await _complete(s, r, 2) == {"a": 1, "b": 1}
+            _, metrics = await _call(s, "GET", r.url + "/metrics")
+            assert 'agentic_router_engines_file_reloads_total{result="malformed"} 1' in metrics
+
+            _write(path, f"engines:\n  - b={b.url}\n")
+            await eventually(lambda: r.proxy.workers.find("a") is None, "a removed")
+            await _gone_everywhere(s, r, "a")
+            assert await _complete(s, r, 3) == {"b": 3}
+
+            # the file gone (a mount being swapped): the set stays
+            path.unlink()
+            await asyncio.sleep(0.1)
+            assert await _ids(s, r) == ["b"]
+
+    run(main())
+
+
+def test_an_engine_added_at_run_time_is_mapped_to_its_state_feed_id(tmp_path: Path) -> None:
+    """The engine id given to the worker API names the engine's snapshots: its real
+    state reaches the router's view of that worker."""
+    uri = f"file://{tmp_path}/state"
+
+    async def main() -> None:
+        a = FakeEngine(engine_id="a", state_uri=uri)
+        b = FakeEngine(engine_id="feed-b", state_uri=uri)
+        cfg = config(engines=[f"a={a.url}"], engine_state_uri=uri, admin_token=TOKEN)
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            status, _ = await _call(
+                s, "POST", r.url + "/admin/workers", json={"url": b.url, "engine_id": "feed-b"}
+            )
+            assert status == 201
+
+            async def b_real() -> Any:
+                _, state = await _call(s, "GET", r.url + "/state")
+                (worker,) = [w for w in state["router"]["both"]["workers"] if w["name"] == "feed-b"]
+                return worker["real"]
+
+            for _ in range(300):
+                if await b_real() is not None:
+                    break
+                await asyncio.sleep(0.02)
+            real = await b_real()
+            assert real is not None
+            assert real["engine_id"] == "feed-b"
+
+    run(main())
+
+
+def test_pd_engines_join_their_pool_by_role() -> None:
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill", engine_id="P0")
+        d0 = FakeEngine("vllm", role="decode", engine_id="D0")
+        d1 = FakeEngine("vllm", role="decode", engine_id="D1")
+        cfg = config(prefill=[f"P0={p.url}"], decode=[f"D0={d0.url}"], admin_token=TOKEN)
+        async with p, d0, d1, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            status, body = await _call(s, "POST", r.url + "/admin/workers", json={"url": d1.url})
+            assert status == 400
+            assert "prefill or decode" in body["error"]["message"]
+            status, body = await _call(
+                s, "POST", r.url + "/admin/workers", json={"url": d1.url, "role": "decode"}
+            )
+            assert status == 201
+            assert (body["id"], body["role"]) == ("decode_1", "decode")
+            decodes: Counter[str] = Counter()
+            for _ in range(4):
+                async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                    assert resp.status == 200
+                    decodes[resp.headers["X-Agentic-Decode-Worker"]] += 1
+            assert decodes == {"D0": 2, "decode_1": 2}
+            status, _ = await _call(s, "DELETE", r.url + "/admin/workers/D0")
+            assert status == 200
+            for _ in range(3):
+                async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["X-Agentic-Decode-Worker"] == "decode_1"
+            # the last decode engine leaves: the router is unavailable, and says so
+            status, _ = await _call(s, "DELETE", r.url + "/admin/workers/decode_1")
+            assert status == 200
+            _, health = await _call(s, "GET", r.url + "/health")
+            assert health["status"] == "unavailable"
+            async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                assert resp.status == 503
+
+    run(main())
