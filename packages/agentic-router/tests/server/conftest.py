@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import pytest
@@ -93,8 +93,9 @@ def client_timeout() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=30)
 
 
-def serve(*args: str) -> subprocess.Popen[str]:
-    """`agentic-router serve ARGS` in a child process, stdout and stderr merged."""
+def serve(*args: str, output: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """`agentic-router serve ARGS` in a child process, stdout and stderr merged into
+    `output` (a pipe, or a file for a process the test does not read as it runs)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -103,7 +104,7 @@ def serve(*args: str) -> subprocess.Popen[str]:
             "serve",
             *args,
         ],
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
     )

@@ -31,6 +31,8 @@ SPECIAL: dict[str, Any] = {
     "plugins": ["example_cold_kv"],
     "router_options": ["my_knob=7"],
     "engine_state_uri": "file:///tmp/agentic-state-test",
+    "shared_state_uri": "redis://127.0.0.1:6379/1",
+    "replica_id": "router-a",
     "host": "127.0.0.2",
     "admin_token": "s3cret",
     "admin_token_file": str(Path(__file__).parents[1] / "data" / "admin-token.txt"),

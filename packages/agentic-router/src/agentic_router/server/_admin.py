@@ -136,6 +136,7 @@ class AdminEndpoints:
             "engines": [ep.to_dict() for ep in acct.live()],
             "router": acct.core.snapshot(),
             "feed": acct.core.feed_status(),
+            "replicas": acct.core.replica_status(),
             "config": self.config.redacted(),
         }
         return web.Response(text=json.dumps(body, default=str), content_type="application/json")

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,14 @@ def _header_name(value: Any) -> str | None:
 
 
 log = logging.getLogger("agentic_router.server")
+
+_REPLICA_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _replica_id(value: Any) -> str | None:
+    if not _REPLICA_ID.fullmatch(value):
+        return "1 to 64 letters, digits, _ . : or -"
+    return None
 
 
 class ConfigError(SettingError):
@@ -148,6 +157,31 @@ class ServerConfig:
         None,
         "engine-state feed URI (file:///dev/shm/..., redis://...); unset = feed off",
         env="AGENTIC_ENGINE_STATE_URI",
+    )
+    shared_state_uri: str | None = setting(
+        None,
+        "Redis shared by router replicas (redis://host:port/db, rediss://): each replica "
+        "publishes its reservations and session homes there and applies the others'; unset = "
+        "this router routes on its own state only",
+        why="see docs/replicas.md",
+    )
+    replica_id: str | None = setting(
+        None,
+        "this replica's id in the shared state (letters, digits, _ . : -); default: random "
+        "per start, so a restarted replica is a new one",
+        check=_replica_id,
+    )
+    replica_heartbeat_ttl_s: float = setting(
+        3.0,
+        "a replica whose heartbeat is older than this is gone: the others forget its "
+        "reservations within this time and a third of it",
+        check=positive,
+    )
+    replica_reservation_ttl_s: float = setting(
+        1800.0,
+        "another replica's reservation whose Free never arrived is dropped after this long",
+        check=positive,
+        why="above the longest request: a longer one stops counting on the other replicas",
     )
     host: str = setting(
         "127.0.0.1",
@@ -314,6 +348,13 @@ class ServerConfig:
                 check_uri(self.engine_state_uri)
             except ValueError as exc:
                 raise ConfigError(f"--engine-state-uri: {exc}") from None
+        if self.shared_state_uri is not None:
+            from agentic_router.server._replicas import ReplicaTarget
+
+            try:
+                ReplicaTarget.parse(self.shared_state_uri)
+            except ValueError as exc:
+                raise ConfigError(f"--shared-state-uri: {exc}") from None
         ids = [s.engine_id for s in self.worker_specs()]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"engine ids must be unique, got {ids}")

@@ -9,8 +9,9 @@ global slot (prefill engines first, then decode); this class maps slots to
 (pool, worker) and never decides anything itself: `decide` is the Router's.
 
 Also owns starting/stopping each pool's feed (`agentic_router.feed`: the
-StateFeed or, feed off, the /metrics reconcile), and the routing numbers
-exported on /metrics.
+StateFeed or, feed off, the /metrics reconcile), the link to the other router
+replicas when `shared_state_uri` is set (`_replicas.ReplicaLink`, one
+`ReplicaSync` per pool), and the routing numbers exported on /metrics.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentic_router.decision import Decision
 from agentic_router.feed import Feed, MetricsReconciler, StateFeed
@@ -32,6 +33,9 @@ from agentic_router.server._config import ConfigError, ServerConfig, router_conf
 from agentic_router.server._exposition import Family
 from agentic_router.server._parse import ParsedRequest
 from agentic_router.types import RouterConfig, RoutingRequest
+
+if TYPE_CHECKING:
+    from agentic_router.server._replicas import ReplicaLink
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -98,6 +102,7 @@ class RoutingCore:
         )
         # A session's next turn hashes only the text its last prompt did not have.
         self.prefix_memo = TextChainMemo()
+        self.replicas: ReplicaLink | None = None  # while running, with shared_state_uri
 
     def _router_config(self, ids: list[str]) -> RouterConfig:
         rc = router_config(self.config, ids)
@@ -277,6 +282,19 @@ class RoutingCore:
         self._running = True
         for pool in self.pools.values():
             self._start_feed(pool)
+        if self.config.shared_state_uri:
+            from agentic_router.replication import ReplicaSync
+            from agentic_router.server._replicas import ReplicaLink, new_replica_id
+
+            replica_id = self.config.replica_id or new_replica_id()
+            self.replicas = ReplicaLink(
+                self.config.shared_state_uri,
+                {role: ReplicaSync(pool.router, replica_id) for role, pool in self.pools.items()},
+                replica_id=replica_id,
+                heartbeat_ttl_s=self.config.replica_heartbeat_ttl_s,
+                reservation_ttl_s=self.config.replica_reservation_ttl_s,
+            )
+            self.replicas.start()
 
     def _start_feed(self, pool: Pool) -> None:
         feed: Feed | None = None
@@ -295,6 +313,9 @@ class RoutingCore:
 
     async def stop(self) -> None:
         self._running = False
+        if self.replicas is not None:
+            await self.replicas.stop()
+            self.replicas = None
         for pool in self.pools.values():
             if pool.feed is not None:
                 await pool.feed.stop()
@@ -304,6 +325,11 @@ class RoutingCore:
 
     def snapshot(self) -> dict[str, Any]:
         return {role: pool.router.snapshot() for role, pool in self.pools.items()}
+
+    def replica_status(self) -> dict[str, Any]:
+        """This replica and the others it sees (GET /state); `mode: off` without
+        `shared_state_uri`."""
+        return {"mode": "off"} if self.replicas is None else self.replicas.status()
 
     def feed_problems(self) -> dict[str, str]:
         """Engine id -> the feed problem found for it (agentic_router.feed.EngineIdWatch)."""
@@ -394,7 +420,8 @@ class RoutingCore:
                 feed.set(role, result, value=float(n))
             for kind, n in pool.router.anomalies.items():
                 anomalies.set(role, kind, value=float(n))
-        return [load, shadow, age, fresh, drops, feed, problems, anomalies, *thrash]
+        replicas = [] if self.replicas is None else self.replicas.metric_families()
+        return [load, shadow, age, fresh, drops, feed, problems, anomalies, *thrash, *replicas]
 
     def _thrash_families(self) -> list[Family]:
         """The thrash guards of session migration (kv_aware) and Mechanism B
