@@ -343,6 +343,20 @@ class ServerConfig:
                 check_engine_url(spec.url)
             except EngineError as exc:
                 raise ConfigError(str(exc)) from None
+        self._check_store_uris()
+        ids = [s.engine_id for s in self.worker_specs()]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"engine ids must be unique, got {ids}")
+
+    # derived in __post_init__, not settings
+    pd: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+    #: the engines file as read at start (its engines join after the flags' ones)
+    file_engines: tuple[EngineEntry, ...] = dataclasses.field(
+        default=(), init=False, repr=False, compare=False
+    )
+
+    def _check_store_uris(self) -> None:
+        """The state feed's and the replicas' store URIs, parsed (no I/O)."""
         if self.engine_state_uri is not None:
             try:
                 check_uri(self.engine_state_uri)
@@ -355,16 +369,6 @@ class ServerConfig:
                 ReplicaTarget.parse(self.shared_state_uri)
             except ValueError as exc:
                 raise ConfigError(f"--shared-state-uri: {exc}") from None
-        ids = [s.engine_id for s in self.worker_specs()]
-        if len(set(ids)) != len(ids):
-            raise ConfigError(f"engine ids must be unique, got {ids}")
-
-    # derived in __post_init__, not settings
-    pd: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
-    #: the engines file as read at start (its engines join after the flags' ones)
-    file_engines: tuple[EngineEntry, ...] = dataclasses.field(
-        default=(), init=False, repr=False, compare=False
-    )
 
     @property
     def pd_mode(self) -> bool:
