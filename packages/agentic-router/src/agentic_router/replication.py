@@ -211,15 +211,9 @@ class ReplicaSync:
         self.counts: Counter[str] = Counter()
         self.lag_seconds = 0.0
         self._outbox: list[ReplicaEvent] = []
-        # worker slot <-> engine id (an engine the feed does not name goes by its worker name)
-        names = router.workers.names
-        self._engine_of = [names[w] for w in range(router.num_workers)]
-        for engine_id in reversed(router.engine_ids):
-            w = router.engine_worker(engine_id)
-            if w is not None:
-                self._engine_of[w] = engine_id
-        self._worker_of = {e: w for w, e in enumerate(names)}
-        self._worker_of.update({e: w for w, e in enumerate(self._engine_of)})
+        self._engine_of: list[str] = []
+        self._worker_of: dict[str, int] = {}
+        self._map_engines()
         # remote reservations: origin -> {namespaced id: applied at}, in apply order
         self._remote: dict[str, dict[str, float]] = {}
         # namespaced ids freed (or freed before their add arrived), and prefill-done
@@ -233,6 +227,33 @@ class ReplicaSync:
         # the newest wins everywhere, whichever order the events arrive in
         self._homes: OrderedDict[str, tuple[float, str, str]] = OrderedDict()
         router.set_sequence_sink(self._on_local)
+
+    def _map_engines(self) -> None:
+        """worker slot <-> engine id (an engine the feed does not name goes by its
+        worker name); again whenever the Router's workers changed (added at run time)."""
+        router = self.router
+        names = router.workers.names
+        engine_of = [names[w] for w in range(router.num_workers)]
+        for engine_id in reversed(router.engine_ids):
+            w = router.engine_worker(engine_id)
+            if w is not None:
+                engine_of[w] = engine_id
+        self._engine_of = engine_of
+        self._worker_of = {e: w for w, e in enumerate(names)}
+        self._worker_of.update({e: w for w, e in enumerate(engine_of)})
+
+    def _engine(self, worker: int) -> str:
+        if worker >= len(self._engine_of):
+            self._map_engines()
+        return self._engine_of[worker]
+
+    def _worker(self, engine_id: str) -> int | None:
+        worker = self._worker_of.get(engine_id)
+        stale = worker is None or self.router.workers.retired(worker)
+        if stale and len(self._engine_of) != self.router.num_workers:
+            self._map_engines()
+            worker = self._worker_of.get(engine_id)
+        return worker
 
     # -- counters --------------------------------------------------------------------
     @property
@@ -255,7 +276,7 @@ class ReplicaSync:
         return sum(len(r) for r in self._remote.values())
 
     def engine_id(self, worker: int) -> str:
-        return self._engine_of[worker]
+        return self._engine(worker)
 
     def close(self) -> None:
         """Detach from the Router (its events no longer reach the outbox)."""
@@ -281,7 +302,7 @@ class ReplicaSync:
             seq=seq,
             kind=kind,
             request_id=entry.request_id,
-            engine_id=self._engine_of[entry.worker],
+            engine_id=self._engine(entry.worker),
             session_id=entry.session_id,
             ts=now,
             **kw,
@@ -307,15 +328,13 @@ class ReplicaSync:
                     prompt_tokens=entry.prompt_tokens,
                     block_hashes=tuple(block_hashes),
                     block_size=entry.block_size,
-                    decode_engine_id=None
-                    if decode_engine is None
-                    else self._engine_of[decode_engine],
+                    decode_engine_id=None if decode_engine is None else self._engine(decode_engine),
                     prefill_tokens=entry.prefill_tokens,
                 )
             )
             sid = entry.session_id
             if sid is not None:
-                engine = self._engine_of[entry.worker]
+                engine = self._engine(entry.worker)
                 prev = self._homes.get(sid)
                 self._set_home(sid, now, self.origin, engine)
                 if prev is None or prev[2] != engine:
@@ -371,7 +390,7 @@ class ReplicaSync:
             self.counts[DUPLICATE] += 1
             return False
         self.lag_seconds = now - ev.ts
-        worker = self._worker_of.get(ev.engine_id)
+        worker = self._worker(ev.engine_id)
         if worker is None:
             self.counts[UNKNOWN_ENGINE] += 1
             return False
@@ -429,7 +448,7 @@ class ReplicaSync:
             return False
         decode_worker = None
         if ev.decode_engine_id is not None:
-            decode_worker = self._worker_of.get(ev.decode_engine_id)
+            decode_worker = self._worker(ev.decode_engine_id)
             if decode_worker is None:
                 self.counts[UNKNOWN_ENGINE] += 1
                 return False

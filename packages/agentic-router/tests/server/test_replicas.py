@@ -44,7 +44,9 @@ class Replica:
         return self.log.read_text()
 
 
-async def _metrics(http: aiohttp.ClientSession, replica: Replica) -> dict[str, float]:
+async def _metrics(
+    http: aiohttp.ClientSession, replica: Replica | RunningRouter
+) -> dict[str, float]:
     """`name{k=v,...}` -> value, from the replica's /metrics."""
     async with http.get(replica.url + "/metrics") as r:
         assert r.status == 200
@@ -482,5 +484,44 @@ def test_without_a_shared_state_uri_nothing_is_shared() -> None:
         assert state["replicas"] == {"mode": "off"}
         assert "agentic_router_replica_" not in metrics
         assert r.proxy.core.replicas is None
+
+    run(main())
+
+
+def test_an_engine_added_at_run_time_is_shared_too(redis_uri: str) -> None:  # noqa: F811
+    """Two replicas add engine b through the worker API; each counts the other's
+    requests on it."""
+
+    async def main() -> None:
+        auth = {"Authorization": "Bearer t"}
+        async with (
+            _engines(2, first_token_delay_s=3600.0) as (a, b),
+            running_router(
+                config(engines=[f"engine_0={a.url}"], admin_token="t", shared_state_uri=redis_uri)
+            ) as r1,
+            running_router(
+                config(engines=[f"engine_0={a.url}"], admin_token="t", shared_state_uri=redis_uri)
+            ) as r2,
+            aiohttp.ClientSession() as http,
+        ):
+            for r in (r1, r2):
+                new = {"url": b.url, "engine_id": "engine_1"}
+                async with http.post(r.url + "/admin/workers", json=new, headers=auth) as resp:
+                    assert resp.status == 201, await resp.text()
+            held = {
+                f"held-{i}": asyncio.create_task(
+                    _chat(http, r1, chat_body(user=f"held-{i}", stream=True))
+                )
+                for i in range(4)
+            }
+            await eventually(lambda: a.inflight + b.inflight == 4, "all 4 held")
+            assert b.inflight == 2  # round robin over a and b
+
+            async def counted() -> bool:
+                m = await _metrics(http, r2)
+                return _shadow(m, "engine_0") == 2 and _shadow(m, "engine_1") == 2
+
+            await _until(counted, "the other replica counts both engines' requests")
+            await _cancel(held)
 
     run(main())
