@@ -16,7 +16,14 @@ from agentic_router.cli import build_parser
 from agentic_router.request import build_routing_request
 from agentic_router.server import ConfigError, ServerConfig, load_config
 from agentic_router.server._config import add_arguments
-from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
+from agentic_router.server._parse import (
+    CHAT,
+    COMPLETIONS,
+    BadRequest,
+    decode_json,
+    parse_body,
+    session_id_of,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -188,3 +195,37 @@ def test_nesting_of_any_depth_is_parsed_or_refused(depth: int) -> None:
 def test_parse_body_never_crashes_on_bytes(raw: bytes) -> None:
     with contextlib.suppress(BadRequest):
         parse_body(raw, COMPLETIONS)
+
+
+_json_trees = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**62, max_value=2**70)
+    | st.integers(min_value=-(2**70), max_value=-(2**62))
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=6),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300)
+@given(_json_trees)
+@example({"prompt": [1, 2, 2**64], "max_tokens": 2**64})  # orjson would give floats
+@example({"user": -(2**63) - 1, "messages": [{"role": "user", "content": "x"}]})
+@example([-(2**63) - 1, "x"])
+@example([2**63, 0.5])
+def test_the_fast_decoder_gives_what_json_gives(tree: Any) -> None:
+    """Bodies are decoded by orjson when that gives json's objects (same types and
+    values, integers beyond 64 bits included), else by json itself."""
+    raw = json.dumps(tree).encode()
+    assert repr(decode_json(raw)) == repr(json.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"NaN", b'{"a": Infinity}', b'"\\ud800"', b"\xef\xbb\xbf{}", '{"a": 1}'.encode("utf-16")],
+)
+def test_what_only_json_takes_is_still_taken(raw: bytes) -> None:
+    assert repr(decode_json(raw)) == repr(json.loads(raw))

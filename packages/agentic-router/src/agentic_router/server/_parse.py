@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 MAX_SESSION_ID_CHARS: Final = 256
 
 COMPLETIONS: Final = "completions"
@@ -38,18 +40,57 @@ class ParsedRequest:
     max_tokens: int | None
 
 
-def parse_body(raw: bytes, kind: str) -> ParsedRequest:
-    """Decode and validate an OpenAI request body; raise BadRequest with the reason."""
-    if not raw:
-        raise BadRequest("request body is empty; expected a JSON object")
+#: orjson turns an integer outside -2**63 .. 2**64-1 into a float; any number this
+#: large sends the body to `json`, which keeps the integer exact
+_WIDE: Final = 2**63
+
+
+def _maybe_widened(node: Any) -> bool:
+    """Could orjson's result hold an integer it turned into a float? (Any number of
+    magnitude 2**63 or more: rare, and then `json` decides.) C-speed on lists of
+    numbers (min/max), one call per container and string elsewhere."""
+    kind = type(node)
+    if kind is dict:
+        return any(map(_maybe_widened, node.values()))
+    if kind is list:
+        if not node:
+            return False
+        try:
+            return bool(max(node) >= _WIDE or min(node) <= -_WIDE)
+        except TypeError:  # not all numbers
+            return any(map(_maybe_widened, node))
+    if kind is float:
+        return not -_WIDE < node < _WIDE
+    return False
+
+
+def decode_json(raw: bytes) -> Any:
+    """`json.loads(raw)`, parsed by orjson (3-4x faster on a prompt-sized body) when
+    that gives the same objects: whatever orjson refuses and `json` may take (NaN,
+    lone surrogates, UTF-16/32, a BOM, numbers beyond 64 bits) or whatever holds a
+    number orjson may have turned from an integer into a float is parsed by `json`,
+    so the result and every error are `json`'s. BadRequest when it is not JSON."""
     try:
-        body = json.loads(raw)
+        fast = orjson.loads(raw)
+        if not _maybe_widened(fast):
+            return fast
+    except (orjson.JSONDecodeError, RecursionError):  # deep nesting: `json` says so
+        pass
+    try:
+        return json.loads(raw)
     except UnicodeDecodeError:
         raise BadRequest("request body is not UTF-8") from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
+
+
+def parse_body(raw: bytes, kind: str) -> ParsedRequest:
+    """Decode and validate an OpenAI request body; raise BadRequest with the reason."""
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON object")
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     if kind == COMPLETIONS:

@@ -27,6 +27,7 @@ import time
 from typing import Final
 
 import aiohttp
+import orjson
 import yarl
 from aiohttp import web
 
@@ -259,8 +260,13 @@ async def read_capped(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
 
 
 def is_json_object(data: bytes) -> bool:
-    """Is `data` one JSON object? (Deep nesting counts as no: the decoder's
-    RecursionError is an engine's garbage, never the router's crash.)"""
+    """Is `data` one JSON object, as `json.loads` sees it? orjson answers the usual
+    case (~4x faster); what it refuses, `json` judges. (Deep nesting counts as no: the
+    decoder's RecursionError is an engine's garbage, never the router's crash.)"""
+    try:
+        return type(orjson.loads(data)) is dict
+    except orjson.JSONDecodeError:
+        pass
     try:
         return isinstance(json.loads(data), dict)
     except (ValueError, RecursionError):
