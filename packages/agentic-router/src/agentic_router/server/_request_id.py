@@ -3,8 +3,8 @@
 Every response the router makes carries the request id header (`X-Request-Id`
 by default, `request_id_header` to rename it, as the peers allow): the
 client's own id echoed when it sent a usable one, else one the router assigns
-(uuid4 hex). The same id is forwarded to the engines, and every log line the
-router writes while handling the request ends with `request_id=<id>` (the
+(32 random hex digits, like a uuid4's hex). The same id is forwarded to the
+engines, and every log line the router writes while handling the request ends with `request_id=<id>` (the
 `RequestIdFilter` on the router's loggers, which also sets
 `record.request_id` for a formatter that wants it as a field).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import uuid
+import os
 from collections.abc import Mapping
 from typing import Final
 
@@ -39,7 +39,9 @@ MAX_CLIENT_ID_CHARS: Final = 256
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits: unique like a uuid4, without building the
+    UUID object (a sixth of the cost, on every request)."""
+    return os.urandom(16).hex()
 
 
 def client_id(headers: Mapping[str, str], name: str) -> str | None:
