@@ -71,11 +71,24 @@ class BodyReader:
                     status=413,
                 )
             self._take(length)
+        content = request.content
+        if content.is_eof():  # all of it is in already (a small body): no wait, no timer
+            try:
+                data = content.read_nowait(-1)
+            except web.RequestPayloadError as exc:
+                raise BadRequest(f"request body is malformed: {exc}") from None
+            if len(data) > self.max_bytes:
+                raise BadRequest(
+                    f"request body exceeds max_body_bytes={self.max_bytes}", status=413
+                )
+            if length is None:
+                self._take(len(data))
+            return data
         chunks: list[bytes] = []
         size = 0
         try:
             async with asyncio.timeout_at(deadline):
-                while chunk := await request.content.readany():
+                while chunk := await content.readany():
                     size += len(chunk)
                     if size > self.max_bytes:
                         raise BadRequest(
