@@ -8,6 +8,7 @@ import pytest
 
 from agentic_router import Router
 from agentic_router.builtin import BUILTIN_POLICIES
+from agentic_router.decision import LOG_ALL_CANDIDATES, LOG_TOP_CANDIDATES
 from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
 
 
@@ -333,3 +334,46 @@ def test_filters_never_drop_every_worker(
 def test_unknown_policy_is_a_clear_error(make_router: MakeRouter) -> None:
     with pytest.raises(ValueError, match="unknown policy 'nope'; installed:"):
         make_router(2, "nope")
+
+
+@pytest.mark.parametrize("policy", ["unified", "load_only"])
+def test_a_large_pool_record_lists_the_best_and_sums_up_the_rest(
+    make_router: MakeRouter, make_request: MakeRequest, policy: str
+) -> None:
+    """Past LOG_ALL_CANDIDATES workers, a decision record lists the lowest totals, the
+    chosen worker and the session's home in full, and counts the rest."""
+    workers = 40
+    router = make_router(workers, policy)
+    for i in range(120):  # uneven load, and a session whose home is somewhere
+        router.route(make_request(500 + 37 * i, session=f"s{i % 7}"))
+    d = router.decide(make_request(800, session="s3"))
+    line = json.loads(json.dumps(d.to_log()))
+    full = {c.worker: json.loads(json.dumps(c.to_dict())) for c in d.candidates}
+    listed = line["candidates"]
+    omitted = line["candidates_omitted"]
+    assert len(full) == workers
+    assert len(listed) + omitted["count"] == workers
+    assert len(listed) <= LOG_TOP_CANDIDATES + 2 < LOG_ALL_CANDIDATES
+    assert [c["worker"] for c in listed] == sorted(c["worker"] for c in listed)
+    assert all(c == full[c["worker"]] for c in listed)  # each listed entry is whole
+    names = {c["worker"] for c in listed}
+    assert d.worker in names
+    assert d.home is None or d.home in names
+    scored = sorted(c["total"] for c in full.values() if c["total"] is not None)
+    listed_totals = [c["total"] for c in listed if c["total"] is not None]
+    assert sorted(listed_totals)[:LOG_TOP_CANDIDATES] == scored[:LOG_TOP_CANDIDATES]
+    rest = [c["total"] for w, c in full.items() if w not in names and c["total"] is not None]
+    assert omitted["total_min"] == min(rest, default=None)
+    assert omitted["total_max"] == max(rest, default=None)
+    dropped = [c["filtered_by"] for w, c in full.items() if w not in names and c["filtered_by"]]
+    assert sum(omitted["filtered_by"].values()) == len(dropped)
+
+
+def test_a_small_pool_record_lists_every_candidate(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
+    router = make_router(LOG_ALL_CANDIDATES, "unified")
+    d = router.decide(make_request(800, session="s"))
+    line = d.to_log()
+    assert "candidates_omitted" not in line
+    assert [c["worker"] for c in line["candidates"]] == list(range(LOG_ALL_CANDIDATES))

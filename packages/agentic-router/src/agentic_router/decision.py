@@ -9,14 +9,28 @@ This module only shapes data: it never decides and never mutates state.
 
 from __future__ import annotations
 
+import heapq
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from agentic_router.instance import InstanceState
 from agentic_router.policy import ScoringContext
 
-__all__ = ["CandidateScore", "Decision", "DecisionTrace"]
+__all__ = [
+    "LOG_ALL_CANDIDATES",
+    "LOG_TOP_CANDIDATES",
+    "CandidateScore",
+    "Decision",
+    "DecisionTrace",
+]
+
+#: a decision record lists every candidate of a pool up to this size
+LOG_ALL_CANDIDATES: Final = 16
+#: past it, the candidates with the lowest totals it lists (besides the chosen
+#: worker and the session's home)
+LOG_TOP_CANDIDATES: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +115,48 @@ class DecisionTrace:
         """`[c.to_dict() for c in self.build()]`, built straight as dicts: a decision
         record at 256 workers is 256 of them, and the dataclasses in between cost
         as much again as the dicts."""
-        if self.records is not None:
-            return [c.to_dict() for c in self.records]
+        return self.log_record()[0]
+
+    def log_record(
+        self, keep: tuple[int | None, ...] = (), limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The candidates' dicts for the decision record, by worker. With more than
+        `limit` candidates, only the LOG_TOP_CANDIDATES lowest totals and the workers
+        in `keep` (the chosen one, the session's home) are listed; the rest are
+        summed up in the second value (None when every candidate is listed)."""
         ctx = self.ctx
+        totals = self.totals
+        scored = range(len(ctx.candidates))
+        dropped = range(len(self.dropped))
+        omitted: dict[str, Any] | None = None
+        if limit is not None and len(scored) + len(dropped) > limit:
+            wanted = {w for w in keep if w is not None}
+            top = set(heapq.nsmallest(LOG_TOP_CANDIDATES, scored, key=totals.__getitem__))
+            top.update(i for i in scored if ctx.candidates[i] in wanted)
+            kept_dropped = [j for j in dropped if self.dropped[j][0] in wanted]
+            rest = [totals[i] for i in scored if i not in top]
+            filtered = Counter(
+                self.dropped[j][2] for j in dropped if self.dropped[j][0] not in wanted
+            )
+            omitted = {
+                "count": len(rest) + sum(filtered.values()),
+                "total_min": min(rest, default=None),
+                "total_max": max(rest, default=None),
+                "filtered_by": dict(filtered),
+            }
+            scored, dropped = sorted(top), kept_dropped  # type: ignore[assignment]
         now = ctx.now
         names = tuple(self.parts)
         columns = tuple(self.parts.values())
         cached, uncached = ctx.cached_tokens, ctx.uncached_tokens
         out: list[dict[str, Any]] = []
         append = out.append
-        for i, (w, s) in enumerate(zip(ctx.candidates, ctx.states, strict=True)):
+        for i in scored:
+            s = ctx.states[i]
             append(
                 {
-                    "worker": w,
-                    "total": self.totals[i],
+                    "worker": ctx.candidates[i],
+                    "total": totals[i],
                     "parts": {n: col[i] for n, col in zip(names, columns, strict=True)},
                     "features": {
                         "cached_tokens": cached[i],
@@ -128,7 +170,8 @@ class DecisionTrace:
                     "filtered_by": None,
                 }
             )
-        for w, s, by in self.dropped:
+        for j in dropped:
+            w, s, by = self.dropped[j]
             append(
                 {
                     "worker": w,
@@ -142,9 +185,9 @@ class DecisionTrace:
                     "filtered_by": by,
                 }
             )
-        if self.dropped or any(a >= b for a, b in itertools.pairwise(ctx.candidates)):
+        if dropped or any(a >= b for a, b in itertools.pairwise(c["worker"] for c in out)):
             out.sort(key=lambda c: int(c["worker"]))
-        return out
+        return out, omitted
 
 
 @dataclass(frozen=True)
@@ -185,7 +228,12 @@ class Decision:
         return int(ctx.cached_tokens[i])
 
     def to_log(self) -> dict[str, Any]:
-        return {
+        """The routing-decisions.jsonl record. Up to LOG_ALL_CANDIDATES candidates
+        each has its full entry; past that (a large pool, where the full list cost
+        ~1 ms a decision) the LOG_TOP_CANDIDATES lowest totals, the chosen worker(s)
+        and the session's home do, and `candidates_omitted` sums up the rest: their
+        count, lowest and highest total, and how many each filter dropped."""
+        record: dict[str, Any] = {
             "ts": self.ts,
             "seq": self.seq,
             "request_id": self.request_id,
@@ -196,5 +244,14 @@ class Decision:
             "reason": self.reason,
             "home": self.home,
             "notes": {k: v for k, v in self.notes.items() if k != "reason"},
-            "candidates": [] if self._trace is None else self._trace.log_dicts(),
         }
+        if self._trace is None:
+            record["candidates"] = []
+            return record
+        listed, omitted = self._trace.log_record(
+            (self.worker, self.home, self.decode_worker), LOG_ALL_CANDIDATES
+        )
+        record["candidates"] = listed
+        if omitted is not None:
+            record["candidates_omitted"] = omitted
+        return record

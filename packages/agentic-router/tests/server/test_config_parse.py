@@ -205,7 +205,9 @@ _json_trees = st.recursive(
     | st.integers(min_value=-(2**70), max_value=-(2**62))
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=6)
+    ),
     max_leaves=25,
 )
 

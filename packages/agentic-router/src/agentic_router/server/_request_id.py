@@ -4,9 +4,9 @@ Every response the router makes carries the request id header (`X-Request-Id`
 by default, `request_id_header` to rename it, as the peers allow): the
 client's own id echoed when it sent a usable one, else one the router assigns
 (32 random hex digits, like a uuid4's hex). The same id is forwarded to the
-engines, and every log line the router writes while handling the request ends with `request_id=<id>` (the
-`RequestIdFilter` on the router's loggers, which also sets
-`record.request_id` for a formatter that wants it as a field).
+engines, and every log line the router writes while handling the request ends
+with `request_id=<id>` (the `RequestIdFilter` on the router's loggers, which
+also sets `record.request_id` for a formatter that wants it as a field).
 
 The id lives in a context variable set by the app's middleware, so it reaches
 every coroutine and task the request's handler runs, with no argument passed
