@@ -18,6 +18,7 @@ import pytest
 from agentic_common import open_writer
 from agentic_common.testing import free_port, make_state
 from agentic_router._logs import REQUEST_OUTCOMES, ROUTING_DECISIONS, read_jsonl, stream_files
+from agentic_router.cli.analyze import analyze_dir
 from agentic_router.engine_metrics import Sample
 from agentic_router.server._logging import access_log
 from agentic_router.server.testing import FakeEngine, running_router
@@ -217,6 +218,11 @@ def test_jsonl_logs_rotate_without_losing_a_record(tmp_path: Path) -> None:
     assert times == sorted(times)
     decisions = [rec for p in stream_files(tmp_path, ROUTING_DECISIONS) for rec in read_jsonl(p)]
     assert {rec["request_id"] for rec in decisions} == {rec["request_id"] for rec in outcomes}
+    # `agentic-router analyze` reads the rotated files too
+    report = analyze_dir(tmp_path)
+    assert report["requests"]["by_outcome"] == {"ok": n}
+    assert report["decisions"]["count"] == n
+    assert report["malformed_lines"] == {}
     for path in files + stream_files(tmp_path, ROUTING_DECISIONS):
         raw = path.read_bytes()
         assert raw.endswith(b"\n")  # whole lines only: nothing split at a rotation

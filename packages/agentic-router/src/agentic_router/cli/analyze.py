@@ -8,7 +8,8 @@ DIR is one log directory (with `routing-decisions.jsonl`,
 them (e.g. a replay's or the demo's results directory, or its `logs/`), in
 which case each log directory found below is analysed in turn. Missing
 files are reported as absent; a torn or malformed line is skipped and counted.
-The proxy's `request-outcomes.jsonl`, when present, adds the router-side TTFT
+Rotated files (`FILE.jsonl.1`, ...: `serve --log-max-bytes`) are read too,
+oldest first. The proxy's `request-outcomes.jsonl`, when present, adds the router-side TTFT
 and end-to-end percentiles and the outcome counts.
 This module only reads.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_common import text_table
+from agentic_router._logs import stream_files
 
 ROUTING_DECISIONS = "routing-decisions.jsonl"
 SESSION_BINDING = "session-binding.jsonl"
@@ -40,20 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _records(path: Path, bad: Counter[str]) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for raw in fh:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                bad[path.name] += 1
-                continue
-            if isinstance(obj, dict):
-                yield obj
-            else:
-                bad[path.name] += 1
+    """The records of one log, its rotated backups first (FILE.N ... FILE.1, FILE)."""
+    for part in stream_files(path.parent, path.name):
+        with part.open(encoding="utf-8", errors="replace") as fh:
+            for raw in fh:
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    bad[path.name] += 1
+                    continue
+                if isinstance(obj, dict):
+                    yield obj
+                else:
+                    bad[path.name] += 1
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
