@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import IO, Any
 
 import aiohttp
@@ -93,9 +94,12 @@ def client_timeout() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=30)
 
 
-def serve(*args: str, output: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
+def serve(
+    *args: str, output: IO[str] | int = subprocess.PIPE, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
     """`agentic-router serve ARGS` in a child process, stdout and stderr merged into
-    `output` (a pipe, or a file for a process the test does not read as it runs)."""
+    `output` (a pipe, or a file for a process the test does not read as it runs); `env`
+    is added to this process's environment."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -107,6 +111,7 @@ def serve(*args: str, output: IO[str] | int = subprocess.PIPE) -> subprocess.Pop
         stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

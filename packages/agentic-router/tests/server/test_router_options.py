@@ -7,9 +7,7 @@ is checked and arrives typed; a plugin that declares nothing takes namespaced
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +23,7 @@ from agentic_router.server._config import ConfigError
 from agentic_router.server._routing import RoutingCore
 from agentic_router.types import RouterConfig, RouterOption
 
-from .conftest import config
+from .conftest import config, serve
 
 ENGINE = "http://127.0.0.1:9"
 
@@ -33,14 +31,7 @@ ENGINE = "http://127.0.0.1:9"
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """`agentic-router serve` in a child, only the built-in plugins loaded (so what is
     installed beside the router does not change the known names)."""
-    child_env = {**os.environ, "AGENTIC_ROUTER_PLUGINS": "", **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "agentic_router.cli", "serve", "--engine", ENGINE, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=child_env,
-    )
+    return serve("--engine", ENGINE, *args, env={"AGENTIC_ROUTER_PLUGINS": "", **(env or {})})
 
 
 def _refused(proc: subprocess.Popen[str]) -> str:
