@@ -236,3 +236,47 @@ def test_decode_worker_takes_the_request_at_first_token() -> None:
     s.free("pd")
     s.check_invariants()
     assert s.active.load(3).num_requests == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.lists(st.integers(0, 30), max_size=12),  # any hashes: repeats, out of order
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+    st.integers(2, 20),
+)
+def test_touch_leaves_the_registry_as_the_plain_loop_does(
+    touches: list[tuple[int, list[int], bool]], cap: int
+) -> None:
+    """Touching a chain is, per block from the last to the first: a new block gets
+    its holder bit, a held one moves to the end, and either is stamped now; then
+    the LRU is trimmed. The registry's blocks, their order and stamps, and the
+    holders equal that plain model's, whatever the chains (prefix-closed or not)."""
+    reg = PromptRegistry(4, capacity_tokens=cap * 16, ttl_s=25.0)
+    lrus: list[dict[int, float]] = [{} for _ in range(4)]
+    holders: dict[int, int] = {}
+    for t, (worker, drawn, prefix_of_last) in enumerate(touches):
+        hashes = drawn
+        if prefix_of_last and lrus[worker]:  # a next turn: a held chain plus new blocks
+            hashes = list(reversed(lrus[worker]))[:5] + drawn
+        reg.touch(worker, hashes, now=float(t), block_size=16)
+        lru = lrus[worker]
+        for h in reversed(hashes):
+            if h not in lru:
+                holders[h] = holders.get(h, 0) | 1 << worker
+            lru.pop(h, None)
+            lru[h] = float(t)
+        while lru and (len(lru) > cap or next(iter(lru.values())) < t - 25.0):
+            h = next(iter(lru))
+            del lru[h]
+            mask = holders.pop(h, 0) & ~(1 << worker)
+            if mask:
+                holders[h] = mask
+        for w in range(4):
+            assert list(reg._workers[w].lru.items()) == list(lrus[w].items())
+        assert reg._holders == holders

@@ -312,10 +312,24 @@ class PromptRegistry:
         lru = self._workers[worker].lru
         holders = self._holders
         bit = 1 << worker
-        for h in reversed(block_hashes):
+        # Per block, last to first: new -> its holder bit; held -> to the end; then
+        # stamped `now`. Membership is prefix-closed, so a chain is a new tail (a
+        # turn's new blocks) then a held head (~800 blocks at 200 KB): the tail is
+        # tested block by block, the head just moved (a KeyError, i.e. a new block
+        # after all, is still handled), one C call per block fewer.
+        newest_first = reversed(block_hashes)
+        for h in newest_first:
             if h in lru:
                 lru.move_to_end(h)
-            else:
+                lru[h] = now
+                break
+            holders[h] = holders.get(h, 0) | bit
+            lru[h] = now
+        move_to_end = lru.move_to_end
+        for h in newest_first:
+            try:
+                move_to_end(h)
+            except KeyError:
                 holders[h] = holders.get(h, 0) | bit
             lru[h] = now
         self._evict(worker, now)
