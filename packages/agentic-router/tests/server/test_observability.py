@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import time
 from pathlib import Path
 
@@ -20,7 +21,13 @@ from agentic_common.testing import free_port, make_state
 from agentic_router._logs import REQUEST_OUTCOMES, ROUTING_DECISIONS, read_jsonl, stream_files
 from agentic_router.cli.analyze import analyze_dir
 from agentic_router.engine_metrics import Sample
-from agentic_router.server._logging import access_log
+from agentic_router.server._logging import (
+    _ToLogThread,
+    access_log,
+    configure_logging,
+    shutdown_logging,
+)
+from agentic_router.server._request_id import CURRENT, set_message_suffix
 from agentic_router.server.testing import FakeEngine, running_router
 
 from .conftest import completion_body, config, eventually, run, scrape, serve
@@ -337,3 +344,52 @@ def test_expected_prefix_hits_count_a_repeated_prompt() -> None:
             assert 0 < cached2 - cached1 <= prompt2 - prompt1
 
     run(main())
+
+
+def test_log_lines_go_through_the_log_thread_with_their_id_and_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """serve's logging: a record is resolved on the caller's side (its request id
+    from the context, which the log thread cannot see; its traceback) and written
+    by the thread; shutting down writes what is queued."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging("info", "json")
+        token = CURRENT.set("rid-in-context")
+        try:
+            try:
+                raise ValueError("boom")
+            except ValueError:
+                logging.getLogger("some.library").exception("it failed")
+        finally:
+            CURRENT.reset(token)
+        logging.getLogger("some.library").info("outside a request")
+        shutdown_logging()
+    finally:
+        shutdown_logging()
+        set_message_suffix(True)
+        root.handlers[:], root.level = saved
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    failed, outside = lines
+    assert failed["request_id"] == "rid-in-context"
+    assert failed["message"] == "it failed"
+    assert failed["level"] == "ERROR"
+    assert "ValueError: boom" in failed["exc"]
+    assert "request_id" not in outside
+
+
+def test_a_full_log_queue_drops_and_counts_instead_of_waiting() -> None:
+    waiting: queue.Queue[logging.LogRecord] = queue.Queue(2)
+    handler = _ToLogThread(waiting)
+    log = logging.getLogger("agentic_router.test_full_queue")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        for i in range(5):
+            log.warning("line %d", i)
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
+    assert handler.dropped == 3
+    assert [waiting.get_nowait().msg for _ in range(2)] == ["line 0", "line 1"]

@@ -22,6 +22,7 @@ from agentic_router.server._accounting import ACTIVE, Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
+from agentic_router.server._logging import dropped_lines
 from agentic_router.server._process import process_families
 from agentic_router.server._upstream import EngineClient, TooLarge, json_error, read_capped
 
@@ -174,7 +175,13 @@ class AdminEndpoints:
             )
             rotations.set(value=float(acct.logs.rotations))
             families += [dropped, rotations]
-        families += process_families()
+        lines = Family(
+            "agentic_router_log_lines_dropped_total",
+            "counter",
+            "log lines dropped because the log thread's queue was full (serve only)",
+        )
+        lines.set(value=float(dropped_lines()))
+        families += [lines, *process_families()]
         return web.Response(
             text=render(families),
             content_type="text/plain",

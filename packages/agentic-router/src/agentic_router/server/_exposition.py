@@ -38,6 +38,8 @@ class Family:
     """One metric family: name, type, help, and labelled samples."""
 
     def __init__(self, name: str, kind: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        if kind not in ("counter", "gauge", "histogram"):  # the help passed as the kind
+            raise ValueError(f"metric {name}: kind must be counter, gauge or histogram")
         self.name = name
         self.kind = kind
         self.help = help_text

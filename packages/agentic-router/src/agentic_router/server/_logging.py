@@ -1,9 +1,12 @@
 """The router's own log lines: their format (`--log-format`) and the access log.
 
-- `configure_logging(level, fmt)`: one stderr handler for `serve`, text
-  (`asctime level logger: message request_id=<id>`) or json (one object per
-  line: `time`, `level`, `logger`, `message`, `request_id` while a request is
-  being handled, `exc` for a traceback, and a record's `fields`).
+- `configure_logging(level, fmt)`: for `serve`, every record goes through a
+  bounded queue to one thread that writes stderr (a slow stderr pipe never
+  stalls the event loop; a record that finds the queue full is dropped and
+  counted, `dropped_lines()`), in text (`asctime level logger: message
+  request_id=<id>`) or json (one object per line: `time`, `level`, `logger`,
+  `message`, `request_id` while a request is being handled, `exc` for a
+  traceback, and a record's `fields`).
 - `access_log`: the middleware `create_app` adds only with `--access-log` (off,
   a request pays nothing for it): one INFO line per request on the
   `agentic_router.access` logger, after its answer ended (a stream's last
@@ -15,11 +18,15 @@ routing facts from the context `_app` leaves on the request.
 
 from __future__ import annotations
 
+import atexit
+import copy
 import logging
+import queue
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any, Final
 
 import orjson
@@ -67,20 +74,76 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+#: records waiting for the log thread; beyond this they are dropped (and counted)
+QUEUE_MAX: Final = 65536
+
+
+class _ToLogThread(QueueHandler):
+    """Hands each record to the log thread, resolved on the caller's side: its
+    message, its request id (a context variable the thread cannot see) and its
+    traceback text. Never blocks: a full queue drops the record."""
+
+    def __init__(self, q: queue.Queue[Any]) -> None:
+        super().__init__(q)
+        self.dropped = 0
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        out = copy.copy(record)
+        out.msg = record.getMessage()
+        out.args = None
+        if getattr(record, "request_id", None) is None:
+            out.request_id = CURRENT.get() or "-"
+        if record.exc_info:
+            out.exc_text = _TRACEBACKS.formatException(record.exc_info)
+            out.exc_info = None
+        return out
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+
+_TRACEBACKS: Final = logging.Formatter()
+#: the running setup (at most one): the root logger's handler and the log thread
+_INSTALLED: list[tuple[_ToLogThread, QueueListener]] = []
+
+
 def configure_logging(level: str, fmt: str) -> None:
-    """The root logger's one stderr handler, in `fmt` ("text" or "json")."""
-    handler = logging.StreamHandler(sys.stderr)
+    """The root logger's one handler: the queue to the thread writing stderr in
+    `fmt` ("text" or "json"). Calling it again replaces the previous setup."""
+    stream = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        stream.setFormatter(JsonFormatter())
         set_message_suffix(False)  # the id is a field, not the end of the message
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        stream.setFormatter(logging.Formatter(TEXT_FORMAT))
         set_message_suffix(True)
+    shutdown_logging()
+    handler = _ToLogThread(queue.Queue(QUEUE_MAX))
+    listener = QueueListener(handler.queue, stream)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    listener.start()
+    _INSTALLED.append((handler, listener))
+    atexit.register(shutdown_logging)
+
+
+def shutdown_logging() -> None:
+    """Write what is queued and stop the log thread (idempotent)."""
+    while _INSTALLED:
+        handler, listener = _INSTALLED.pop()
+        logging.getLogger().removeHandler(handler)
+        listener.stop()
+
+
+def dropped_lines() -> int:
+    """Log records dropped because the log thread's queue was full."""
+    return sum(handler.dropped for handler, _ in _INSTALLED)
 
 
 @web.middleware
