@@ -129,6 +129,27 @@ def test_a_blocking_read_misses_its_deadline_and_holds_one_thread_only() -> None
     asyncio.run(scenario())
 
 
+def test_reads_share_one_thread_which_ends_when_idle() -> None:
+    """BlockingCall keeps its thread between reads (no thread start per poll) and
+    lets it end after idle_s without work; a read after that starts a new one."""
+    calls = BlockingCall("idle-test", idle_s=0.05)
+
+    def readers() -> int:
+        return sum(t.name == "agentic-read-idle-test" for t in threading.enumerate())
+
+    async def scenario() -> None:
+        idents = {await calls.run(threading.get_ident) for _ in range(5)}
+        assert len(idents) == 1
+        assert readers() == 1
+        deadline = asyncio.get_running_loop().time() + 10
+        while readers():
+            assert asyncio.get_running_loop().time() < deadline, "the idle thread never ended"
+            await asyncio.sleep(0.02)
+        assert await calls.run(lambda: 3) == 3
+
+    asyncio.run(scenario())
+
+
 def test_a_snapshot_filed_under_another_engines_name_is_dropped(directory: Path) -> None:
     """A stray file used to redirect all traffic: its engine_id, not its name, decided
     which worker it described. It is bound to its name now."""

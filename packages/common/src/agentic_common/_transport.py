@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -347,14 +348,20 @@ class BlockingCall:
     Not asyncio.to_thread: a read stuck in the kernel (a hung filesystem) would
     hold a default-executor thread that the loop's shutdown joins, so the
     process could not exit on SIGTERM. A daemon thread is abandoned instead, and
-    while it is stuck no second one is started (one stuck thread, not one a poll).
+    while it is stuck no second read is started (one stuck thread, not one a poll).
+    The thread is kept between reads (starting one per read cost ~0.25 ms of CPU,
+    20 times a second with the feed on) and ends after `idle_s` without work.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, idle_s: float = 5.0) -> None:
         self._name = name
+        self._idle_s = idle_s
         # Set while a read is in the kernel; cleared by the reading thread the
-        # moment its call returns (not when the thread ends, which is later).
+        # moment its call returns.
         self._busy = threading.Event()
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # the worker's start and idle exit
+        self._worker: threading.Thread | None = None
 
     async def run(self, fn: Callable[[], T]) -> T:
         if self._busy.is_set():
@@ -379,7 +386,24 @@ class BlockingCall:
             with contextlib.suppress(RuntimeError):  # the loop closed while we were reading
                 loop.call_soon_threadsafe(settle, result, exc)
 
-        thread = threading.Thread(target=target, name=f"agentic-read-{self._name}", daemon=True)
         self._busy.set()
-        thread.start()
+        with self._lock:
+            self._jobs.put(target)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._serve, name=f"agentic-read-{self._name}", daemon=True
+                )
+                self._worker.start()
         return await future
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:  # a read queued meanwhile is served, never stranded
+                    if self._jobs.empty():
+                        self._worker = None
+                        return
+                continue
+            job()
