@@ -525,3 +525,38 @@ def test_an_engine_added_at_run_time_is_shared_too(redis_uri: str) -> None:  # n
             await _cancel(held)
 
     run(main())
+
+
+def test_a_pool_created_at_run_time_is_shared_too(redis_uri: str, tmp_path: Path) -> None:  # noqa: F811
+    """P/D replicas started with prefill engines only: the decode pool is created when
+    its first engine joins, and the replicas share it like the others."""
+
+    async def main() -> None:
+        auth = {"Authorization": "Bearer t"}
+        p = FakeEngine("vllm", role="prefill", engine_id="P0")
+        d = FakeEngine("vllm", role="decode", engine_id="D0")
+        d.faults.first_token_delay_s = 3600.0
+        engines_file = tmp_path / "engines.yaml"
+        engines_file.write_text(f"- {{url: '{p.url}', engine_id: P0, role: prefill}}\n")
+        cfg = config(engines_file=str(engines_file), admin_token="t", shared_state_uri=redis_uri)
+        async with (
+            p,
+            d,
+            running_router(cfg) as r1,
+            running_router(cfg) as r2,
+            aiohttp.ClientSession() as http,
+        ):
+            for r in (r1, r2):
+                new = {"url": d.url, "engine_id": "D0", "role": "decode"}
+                async with http.post(r.url + "/admin/workers", json=new, headers=auth) as resp:
+                    assert resp.status == 201, await resp.text()
+            held = {"held-0": asyncio.create_task(_chat(http, r1, chat_body(stream=True)))}
+            await eventually(lambda: d.inflight == 1, "held on the decode engine")
+
+            async def counted() -> bool:
+                return _shadow(await _metrics(http, r2), "D0") == 1
+
+            await _until(counted, "the other replica counts the decode engine's request")
+            await _cancel(held)
+
+    run(main())

@@ -211,6 +211,12 @@ class ReplicaLink:
         self._writer: Any = None
         self._reader: Any = None
 
+    def add_pool(self, pool: str, sync: ReplicaSync) -> None:
+        """A worker pool created at run time (its first engine joined) shares too."""
+        self.syncs[pool] = sync
+        self._live[pool] = {}
+        self._homes[pool] = OrderedDict()
+
     # ---- lifecycle ----
 
     def start(self) -> None:

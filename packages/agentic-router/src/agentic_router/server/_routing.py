@@ -145,6 +145,11 @@ class RoutingCore:
             self._new_pool(role, [engine_id], [slot])
             if self._running:
                 self._start_feed(self.pools[role])
+            if self.replicas is not None:
+                from agentic_router.replication import ReplicaSync
+
+                router = self.pools[role].router
+                self.replicas.add_pool(role, ReplicaSync(router, self.replicas.replica_id))
             return slot
         w = pool.router.add_worker(engine_id)
         self._urls.append(url)
