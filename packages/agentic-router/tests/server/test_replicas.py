@@ -523,6 +523,16 @@ def test_an_engine_added_at_run_time_is_shared_too(redis_uri: str) -> None:  # n
 
             await _until(counted, "the other replica counts both engines' requests")
             await _cancel(held)
+            link = r2.proxy.core.replicas
+            assert link is not None
+
+            async def listed() -> bool:
+                async with http.get(r1.url + "/state", headers=auth) as resp:
+                    replicas = (await resp.json())["replicas"]
+                assert replicas["store"] == "up"
+                return link.replica_id in replicas["peers"]
+
+            await _until(listed, "/state lists the other replica")
 
     run(main())
 
