@@ -66,7 +66,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agentic_common import redact_uri
 from agentic_router.replication import ReplicaEvent, ReplicaSync, decode, encode
-from agentic_router.server._exposition import Family
 
 __all__ = ["ReplicaLink", "ReplicaTarget", "new_replica_id"]
 
@@ -579,110 +578,10 @@ class ReplicaLink:
 
     # ---- introspection ----
 
+    @property
+    def queued(self) -> int:
+        """Events waiting to be published."""
+        return len(self._queue)
+
     def lag_seconds(self) -> float:
         return max((float(s.lag_seconds) for s in self.syncs.values()), default=0.0)
-
-    def status(self) -> dict[str, Any]:
-        now = time.time()
-        return {
-            "replica_id": self.replica_id,
-            "uri": self.target.redacted,
-            "store": "up" if self.up else "down",
-            "outages": self.outages,
-            "outage_seconds": round(self.outage_seconds(), 3),
-            "lag_seconds": round(self.lag_seconds(), 4),
-            "published": self.published,
-            "applied": dict(self.applied),
-            "dropped": dict(self.dropped),
-            "forgotten_reservations": dict(self.forgotten),
-            "queued": len(self._queue),
-            "peers": {
-                pid: {
-                    "host": p.host,
-                    "pid": p.pid,
-                    "heartbeat_age_s": None if p.heartbeat is None else round(now - p.heartbeat, 3),
-                    "applied": p.applied,
-                }
-                for pid, p in sorted(self.peers.items())
-            },
-        }
-
-    def metric_families(self) -> list[Family]:
-        lag = Family(
-            "agentic_router_replica_lag_seconds",
-            "gauge",
-            "how far behind the other replicas' events this replica is (age of the latest "
-            "applied event when it was applied), by pool",
-            ("pool",),
-        )
-        for pool, sync in self.syncs.items():
-            lag.set(pool, value=round(float(sync.lag_seconds), 6))
-        peers = Family(
-            "agentic_router_replica_peers",
-            "gauge",
-            "other router replicas whose heartbeat this replica sees",
-        )
-        peers.set(value=float(len(self.peers)))
-        published = Family(
-            "agentic_router_replica_events_published_total",
-            "counter",
-            "this replica's events written to the shared stream",
-        )
-        published.set(value=float(self.published))
-        applied = Family(
-            "agentic_router_replica_events_applied_total",
-            "counter",
-            "other replicas' events applied to this replica's state, by pool",
-            ("pool",),
-        )
-        for pool in self.syncs:
-            applied.set(pool, value=float(self.applied[pool]))
-        dropped = Family(
-            "agentic_router_replica_events_dropped_total",
-            "counter",
-            "events dropped, by reason: queue_full (the store too slow or down: this replica "
-            "then republishes its live state), malformed, unknown_pool, unknown_kind, apply_error",
-            ("reason",),
-        )
-        for reason, n in self.dropped.items():
-            dropped.set(reason, value=float(n))
-        forgotten = Family(
-            "agentic_router_replica_reservations_forgotten_total",
-            "counter",
-            "other replicas' reservations dropped without their Free, by reason: peer_gone "
-            "(heartbeat expired), peer_left, reset, expired (replica_reservation_ttl_s), "
-            "outage, gap",
-            ("reason",),
-        )
-        for reason, n in self.forgotten.items():
-            forgotten.set(reason, value=float(n))
-        up = Family(
-            "agentic_router_replica_store_up",
-            "gauge",
-            "1 while the shared state store answers, 0 during an outage",
-        )
-        up.set(value=1.0 if self.up else 0.0)
-        outage = Family(
-            "agentic_router_replica_outage_seconds_total",
-            "counter",
-            "seconds the shared state store was unavailable (the ongoing outage included)",
-        )
-        outage.set(value=round(self.outage_seconds(), 3))
-        outages = Family(
-            "agentic_router_replica_outages_total",
-            "counter",
-            "times the shared state store became unavailable",
-        )
-        outages.set(value=float(self.outages))
-        results = Family(
-            "agentic_router_replica_sync_events_total",
-            "counter",
-            "what this replica's ReplicaSync did with events, by pool and result: applied, "
-            "duplicate, stale (its request had moved on), unknown_engine, out_of_order, "
-            "expired and forgotten (reservations), outbox_overflow",
-            ("pool", "result"),
-        )
-        for pool, sync in self.syncs.items():
-            for result, n in sync.counts.items():
-                results.set(pool, result, value=float(n))
-        return [lag, peers, published, applied, dropped, forgotten, up, outage, outages, results]

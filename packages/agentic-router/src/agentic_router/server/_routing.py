@@ -32,6 +32,7 @@ from agentic_router.router import Router
 from agentic_router.server._config import ConfigError, ServerConfig, router_config
 from agentic_router.server._exposition import Family
 from agentic_router.server._parse import ParsedRequest
+from agentic_router.server._replica_view import replica_families
 from agentic_router.types import RouterConfig, RoutingRequest
 
 if TYPE_CHECKING:
@@ -334,7 +335,9 @@ class RoutingCore:
     def replica_status(self) -> dict[str, Any]:
         """This replica and the others it sees (GET /state); `mode: off` without
         `shared_state_uri`."""
-        return {"mode": "off"} if self.replicas is None else self.replicas.status()
+        from agentic_router.server._replica_view import replica_status
+
+        return {"mode": "off"} if self.replicas is None else replica_status(self.replicas)
 
     def feed_problems(self) -> dict[str, str]:
         """Engine id -> the feed problem found for it (agentic_router.feed.EngineIdWatch)."""
@@ -425,7 +428,7 @@ class RoutingCore:
                 feed.set(role, result, value=float(n))
             for kind, n in pool.router.anomalies.items():
                 anomalies.set(role, kind, value=float(n))
-        replicas = [] if self.replicas is None else self.replicas.metric_families()
+        replicas = [] if self.replicas is None else replica_families(self.replicas)
         return [load, shadow, age, fresh, drops, feed, problems, anomalies, *thrash, *replicas]
 
     def _thrash_families(self) -> list[Family]:
