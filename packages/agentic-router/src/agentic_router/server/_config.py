@@ -186,12 +186,14 @@ class ServerConfig:
     host: str = setting(
         "127.0.0.1",
         "address to listen on; 0.0.0.0 (or ::) serves other hosts",
-        why="nothing but /state is authenticated: expose the router deliberately",
+        why="nothing but /state and /admin/workers is authenticated: expose the router "
+        "deliberately",
     )
     port: int = setting(8000, "port to listen on")
     admin_token: str | None = setting(
         None,
-        "bearer token for GET /state; /state answers 403 while unset. A flag is visible in "
+        "bearer token for GET /state and the worker API (/admin/workers); both answer 403 "
+        "while unset. A flag is visible in "
         "ps: prefer the environment or --admin-token-file",
         secret=True,
     )
