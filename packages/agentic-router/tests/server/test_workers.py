@@ -361,5 +361,30 @@ def test_pd_engines_join_their_pool_by_role() -> None:
             assert health["status"] == "unavailable"
             async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
                 assert resp.status == 503
+                error = (await resp.json())["error"]
+                assert "no decode engine takes requests" in error["message"]
+
+    run(main())
+
+
+def test_a_router_started_before_its_engines_file_exists_waits_for_it(tmp_path: Path) -> None:
+    """In Kubernetes the sidecar may write the file after the router started."""
+
+    async def main() -> None:
+        a = FakeEngine(engine_id="a")
+        path = tmp_path / "engines.yaml"
+        cfg = config(engines_file=str(path), engines_file_poll_s=0.02, admin_token=TOKEN)
+        async with a, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            status, health = await _call(s, "GET", r.url + "/health")
+            assert status == 503
+            assert health["engines"] == {}
+            async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
+                assert resp.status == 503
+                error = (await resp.json())["error"]
+                assert "no engine takes requests" in error["message"]
+            _write(path, f"- a={a.url}\n")
+            await eventually(lambda: r.proxy.workers.find("a") is not None, "a joined")
+            assert await _complete(s, r, 2) == {"a": 2}
+            assert (await _call(s, "GET", r.url + "/health"))[0] == 200
 
     run(main())

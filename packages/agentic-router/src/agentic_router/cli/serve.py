@@ -97,7 +97,7 @@ async def _serve(app: Any, config: ServerConfig) -> int:
             mode,
             config.host,
             config.port,
-            len(config.worker_specs()),
+            len(config.worker_specs()) + len(config.file_engines),
             config.policy,
             redact_uri(config.engine_state_uri) if config.engine_state_uri else "off",
         )

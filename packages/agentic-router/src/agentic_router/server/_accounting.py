@@ -261,6 +261,19 @@ class Accounting:
         self.pending_removal: set[int] = set()
         self.on_idle: Callable[[], None] = lambda: None
 
+    def no_engine_message(self) -> str | None:
+        """Why no engine can be picked when a role has no active engine at all (none
+        in the worker set, or every one draining), or None."""
+        active = {ep.role for ep in self.endpoints if ep.state == ACTIVE}
+        for role in ("prefill", "decode") if self.mode == PD else ("both",):
+            if role not in active:
+                what = "" if role == "both" else f"{role} "
+                return (
+                    f"no {what}engine takes requests: none is in the worker set, or every "
+                    "one is draining"
+                )
+        return None
+
     def live(self) -> list[Endpoint]:
         """The engines not removed (active and draining), in slot order."""
         return [ep for ep in self.endpoints if ep.state != REMOVED]

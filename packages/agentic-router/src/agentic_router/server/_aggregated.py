@@ -70,7 +70,7 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
         acct.admission(ctx, None, False, "no-usable-engine")
         return json_error(
             503,
-            "no usable engine: every engine's circuit is open",
+            acct.no_engine_message() or "no usable engine: every engine's circuit is open",
             headers={"Retry-After": acct.retry_after(refused)},
         )
     acct.count(ctx, f"engine_{last.status}")

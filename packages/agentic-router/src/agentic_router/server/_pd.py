@@ -76,7 +76,8 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
         acct.admission(ctx, None, False, "no-usable-engine")
         return json_error(
             503,
-            "no usable prefill/decode pair: every engine of a pool has its circuit open",
+            acct.no_engine_message()
+            or "no usable prefill/decode pair: every engine of a pool has its circuit open",
             headers={"Retry-After": acct.retry_after(refused)},
         )
     acct.count(ctx, f"engine_{last.status}")
