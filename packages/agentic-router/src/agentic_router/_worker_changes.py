@@ -1,5 +1,8 @@
 """Workers joining and leaving a Router at run time (the Router's mixin).
 
+API: `add_worker(name, engine_id=None) -> int`, `set_worker_accepting(worker,
+accepting)`, `retire_worker(worker)`, `live_workers()`.
+
 Slots are appended, never renumbered: `add_worker` grows every per-worker
 array by one; `retire_worker` marks a slot as gone for good (never a
 candidate, its real state, prefix blocks and session homes freed, its slot
@@ -14,7 +17,7 @@ Must not await or do I/O, like the Router.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentic_router.instance import NONE_UNRESERVED
 from agentic_router.types import RouterEvent
@@ -108,6 +111,19 @@ class WorkerChanges:
         for i, w in enumerate(live):
             rank[w] = i
         self._rank = rank
+
+    def _candidates(self, notes: dict[str, Any]) -> list[int]:
+        """The workers a decision may pick: the healthy ones among those open (not
+        draining or retired), or every open one when none is healthy (noted)."""
+        workers = self.workers
+        open_slots = workers.open_slots()
+        healthy = [w for w in open_slots if workers.healthy(w)]
+        if not healthy:
+            if not open_slots:
+                raise ValueError("no worker takes new requests (all draining or retired)")
+            healthy = open_slots
+            notes["no_healthy_workers"] = True
+        return healthy
 
     def live_workers(self) -> list[int]:
         """Every worker not retired (draining ones included), in slot order."""

@@ -38,8 +38,6 @@ API (stable; the proxy and the simulator code against this)
     router.instance_state(worker) -> InstanceState          eff_* / r_* accessors, fresh, stalled
     router.snapshot() -> dict                 JSON-able, every worker's shadow + real (for /state)
     router.set_worker_health(worker, healthy) unhealthy workers are not candidates (unless all are)
-    router.add_worker(name, engine_id=None) -> int; router.set_worker_accepting(worker, ok)
-    router.retire_worker(worker); router.live_workers()   run-time joins, drains, leaves
     router.notify(kind, request_id=..., worker=..., session_id=..., **payload)
         feedback for stateful policies (e.g. kind="admission" in P/D); reaches
         DecodeSelector.on_event and the agentic_router_event hook
@@ -132,8 +130,7 @@ def _default_engine_map(n: int) -> dict[str, int]:
 
 
 class Router(WorkerChanges):
-    """See the module docstring for the API (workers joining and leaving at run
-    time: `WorkerChanges`)."""
+    """See the module docstring for the API (run-time worker changes: WorkerChanges)."""
 
     def __init__(
         self,
@@ -286,14 +283,7 @@ class Router(WorkerChanges):
         self, req: RoutingRequest, now: float, seq: int, notes: dict[str, Any]
     ) -> ScoringContext:
         n = self.num_workers
-        workers = self.workers
-        open_slots = workers.open_slots()  # not draining or retired
-        healthy = [w for w in open_slots if workers.healthy(w)]
-        if not healthy:
-            if not open_slots:
-                raise ValueError("no worker takes new requests (all draining or retired)")
-            healthy = open_slots
-            notes["no_healthy_workers"] = True
+        healthy = self._candidates(notes)
         rank = self._rank
         return ScoringContext(
             request=req,

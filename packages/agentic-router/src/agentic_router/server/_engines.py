@@ -116,7 +116,7 @@ def parse_engines_file(text: str) -> list[EngineEntry]:
 
     try:
         data = yaml.safe_load(text) if text.strip() else []
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a bad date, deep nesting
         folded = " ".join(str(exc).split())  # YAML's message spans lines
         raise EngineError(f"not valid YAML or JSON: {folded}") from None
     if isinstance(data, dict) and set(data) == {"engines"}:
