@@ -87,7 +87,7 @@ def test_no_request_lands_on_a_draining_or_retired_worker(
             assert w not in router.snapshot()["engine_map"].values()
 
 
-def test_rotation_stays_even_over_the_workers_left() -> None:
+def test_rotation_stays_even_over_the_open_workers() -> None:
     router = Router(["a", "b", "c"], "round_robin")
     router.retire_worker(1)
     router.add_worker("d")
@@ -96,6 +96,12 @@ def test_rotation_stays_even_over_the_workers_left() -> None:
         for i in range(6)
     ]
     assert sorted(picks) == ["a", "a", "c", "c", "d", "d"]
+    router.set_worker_accepting(2, False)  # c drains: a and d take turns
+    picks = [
+        router.workers.name(router.decide(RoutingRequest(f"s{i}", None, 10)).worker)
+        for i in range(6)
+    ]
+    assert sorted(picks) == ["a", "a", "a", "d", "d", "d"]
 
 
 def test_policies_hear_of_workers_joining_and_leaving() -> None:

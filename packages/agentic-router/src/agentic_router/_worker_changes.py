@@ -9,7 +9,7 @@ candidate, its real state, prefix blocks and session homes freed, its slot
 not reused), so decisions, reservations and policy tables that name a worker
 stay right. `set_worker_accepting(w, False)` drains: no new request goes to
 the worker while the ones it has finish. The rotation (round robin, the last
-tie-break) counts only the workers not retired (`ScoringContext.rank`).
+tie-break) counts only the open workers (`ScoringContext.rank`).
 
 Must not await or do I/O, like the Router.
 """
@@ -47,10 +47,10 @@ class WorkerChanges:
     _inst_cache: list[InstanceState | None]
     _metrics: list[EngineMetrics | None]
     _excess_since: list[float | None]
-    # with workers retired: each worker's place among the live ones (the rotation's);
-    # None while every worker is live
+    # with workers draining or retired: each open worker's place among the open ones;
+    # None while every worker is open
     _rank: list[int] | None = None
-    _num_live: int = 0
+    _num_open: int = 0
 
     def _dispatch(self, event: RouterEvent) -> None:
         raise NotImplementedError
@@ -83,6 +83,7 @@ class WorkerChanges:
         """Drain a worker (False: no new request is placed there, even when every
         other worker is unhealthy; the ones it has finish) or reopen it."""
         self.workers.set_accepting(worker, accepting)
+        self._ranks_changed()
 
     def retire_worker(self, worker: int) -> None:
         """The worker left for good. It is never a candidate again; its real state,
@@ -102,13 +103,15 @@ class WorkerChanges:
         self._dispatch(RouterEvent("worker_retired", None, worker, None, self.clock(), {}))
 
     def _ranks_changed(self) -> None:
-        live = self.live_workers()
-        self._num_live = len(live)
-        if len(live) == self.num_workers:
+        """Each open worker's place among the open ones (the rotation's), so round
+        robin stays even over them while others drain or after they left."""
+        open_slots = self.workers.open_slots()
+        self._num_open = len(open_slots)
+        if len(open_slots) == self.num_workers:
             self._rank = None
             return
         rank = [-1] * self.num_workers
-        for i, w in enumerate(live):
+        for i, w in enumerate(open_slots):
             rank[w] = i
         self._rank = rank
 

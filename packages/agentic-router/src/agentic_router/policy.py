@@ -149,8 +149,8 @@ class ScoringContext:
         self.registry = registry
         self.rng = rng
         self.notes: dict[str, Any] = {} if notes is None else notes
-        # worker -> its place among the workers not retired (None: every worker is,
-        # the place is the worker itself); `num_workers` counts those workers
+        # worker -> its place among the open workers, not draining or retired (None:
+        # every worker is open, the place is the worker itself); `num_workers` counts them
         self.rank = rank
         # values several scorers of one decision derive alike (e.g. the predicted
         # TTFT), computed once per context (not carried over by `narrow`)
@@ -235,8 +235,8 @@ class ScoringContext:
 
     def rotation(self) -> list[int]:
         """(worker - seq) mod n: the last tie-break, and round-robin's score. With
-        workers retired, a worker's place among the others stands for it, so the
-        rotation stays even over the workers that are left."""
+        workers draining or retired, a worker's place among the open ones stands for
+        it, so the rotation stays even over them."""
         n = self.num_workers
         s = self.seq
         rank = self.rank

@@ -289,7 +289,7 @@ class Router(WorkerChanges):
             request=req,
             candidates=healthy,
             states=self._states(healthy, now),
-            num_workers=n if rank is None else self._num_live,
+            num_workers=n if rank is None else self._num_open,
             rank=rank,
             home=self.registry.session_home(req.session_id, now),
             seq=seq,

@@ -138,7 +138,9 @@ def test_a_drained_engine_takes_nothing_new_and_loses_no_request() -> None:
             await asyncio.gather(*clients)  # any failed request fails the test here
             assert len(b.requests) == after_drain  # nothing new reached b
             assert b.aborted == 0  # its streams finished, none was cut
-            assert Counter(done[served_before:]).keys() <= {"a", "c"}
+            after = Counter(done[served_before:])
+            assert after.keys() <= {"a", "c"}
+            assert abs(after["a"] - after["c"]) <= 9  # round robin stays even over a and c
             _, health = await _call(s, "GET", r.url + "/health")
             assert health["status"] == "ok"
             assert health["engines"]["b"]["state"] == "draining"
