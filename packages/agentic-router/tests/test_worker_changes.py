@@ -18,7 +18,7 @@ from agentic_router.types import RouterEvent
 
 pytestmark = pytest.mark.unit
 
-POLICIES = ("round_robin", "unified", "lmetric", "unified_v3")
+POLICIES = ("round_robin", "unified", "lmetric", "unified_v3", "kv_aware")
 
 op = st.one_of(
     st.tuples(st.just("route"), st.integers(0, 5), st.integers(1, 300)),

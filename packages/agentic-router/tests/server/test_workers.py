@@ -334,8 +334,9 @@ def test_pd_engines_join_their_pool_by_role() -> None:
         p = FakeEngine("vllm", role="prefill", engine_id="P0")
         d0 = FakeEngine("vllm", role="decode", engine_id="D0")
         d1 = FakeEngine("vllm", role="decode", engine_id="D1")
+        p1 = FakeEngine("vllm", role="prefill", engine_id="P1")
         cfg = config(prefill=[f"P0={p.url}"], decode=[f"D0={d0.url}"], admin_token=TOKEN)
-        async with p, d0, d1, running_router(cfg) as r, aiohttp.ClientSession() as s:
+        async with p, p1, d0, d1, running_router(cfg) as r, aiohttp.ClientSession() as s:
             status, body = await _call(s, "POST", r.url + "/admin/workers", json={"url": d1.url})
             assert status == 400
             assert "prefill or decode" in body["error"]["message"]
@@ -344,12 +345,22 @@ def test_pd_engines_join_their_pool_by_role() -> None:
             )
             assert status == 201
             assert (body["id"], body["role"]) == ("decode_1", "decode")
+            # a prefill engine after the decode ones: its pool's slots are 0 and 3
+            status, body = await _call(
+                s, "POST", r.url + "/admin/workers", json={"url": p1.url, "role": "prefill"}
+            )
+            assert status == 201
+            assert (body["id"], body["slot"]) == ("prefill_1", 3)
+            prefills: Counter[str] = Counter()
             decodes: Counter[str] = Counter()
             for _ in range(4):
                 async with s.post(r.url + "/v1/completions", json=completion_body()) as resp:
                     assert resp.status == 200
+                    prefills[resp.headers["X-Agentic-Worker"]] += 1
                     decodes[resp.headers["X-Agentic-Decode-Worker"]] += 1
+            assert prefills == {"P0": 2, "prefill_1": 2}
             assert decodes == {"D0": 2, "decode_1": 2}
+            assert p1.completed == 2
             status, _ = await _call(s, "DELETE", r.url + "/admin/workers/D0")
             assert status == 200
             for _ in range(3):
