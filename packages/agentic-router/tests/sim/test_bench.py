@@ -22,7 +22,6 @@ from agentic_router.sim._prompts import PromptSynth
 from agentic_router.sim._trace import iter_sessions
 
 FIRST_TOKEN_DELAY_S = 0.02
-TTFT_SLACK_S = 0.05
 
 
 def small_trace() -> Trace:
@@ -135,9 +134,6 @@ def test_bench_through_the_router_reproduces_the_trace(tmp_path: Path) -> None:
         router_ttft, router_e2e = logged["ttft_s"], logged["e2e_s"]
         assert FIRST_TOKEN_DELAY_S <= router_ttft <= rec.ttft_s
         assert router_ttft <= router_e2e <= rec.e2e_s
-        # what lies between them is two loopback hops and two event-loop turns on a
-        # shared 2-core machine: allow 50 ms plus 20% of the client's figure
-        assert rec.ttft_s - router_ttft <= TTFT_SLACK_S + 0.2 * rec.ttft_s
     assert report["requests"]["count"] == len(records)
     assert report["requests"]["by_outcome"] == {"ok": len(records)}
     assert report["requests"]["ttft_s"]["count"] == len(records)
