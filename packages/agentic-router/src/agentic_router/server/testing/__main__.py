@@ -18,7 +18,13 @@ from agentic_router.server.testing._fake_engine import FakeEngine
 
 async def _main(args: argparse.Namespace) -> None:
     engines = [
-        FakeEngine(args.flavor, output_tokens=args.output_tokens, engine_id=f"engine_{i}")
+        FakeEngine(
+            args.flavor,
+            output_tokens=args.output_tokens,
+            engine_id=f"engine_{i}",
+            models=args.model or (),
+            strict_models=bool(args.model),
+        )
         for i in range(args.count)
     ]
     for engine in engines:
@@ -38,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--output-tokens", type=int, default=16)
+    parser.add_argument(
+        "--model",
+        action="append",
+        help="a model the engines serve, repeatable (default: tiny, any name accepted); "
+        "given, a request for another model is a 404",
+    )
     asyncio.run(_main(parser.parse_args(argv)))
     return 0
 

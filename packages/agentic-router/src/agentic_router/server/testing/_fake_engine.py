@@ -17,6 +17,13 @@ both prefill/decode handshakes are real network exchanges:
   the room on its bootstrap server when its prefill is done; D waits for the
   room, and fails after a timeout if P never delivers.
 
+Beyond generation they serve what the router proxies besides: the Responses
+API (`/v1/responses`, keeping each stored response like vLLM, per server: a
+`previous_response_id` this server did not store is a 404), `/v1/embeddings`,
+`/tokenize` and `/detokenize` (a character tokenizer), and `/v1/models` lists
+the models given (`models=`; with `strict_models` a request for another
+model is a 404, as vLLM answers).
+
 Each fake can be told to be slow, fail with a status, hang, die mid-stream,
 or stop listening (connection refused). They are test tools: not tuned, not
 hardened, loopback only.
@@ -33,8 +40,9 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import aiohttp
 from aiohttp import web
@@ -98,7 +106,9 @@ class FakeEngine:
     """One fake engine server on 127.0.0.1 (a random free port).
 
     `flavor` picks the wire dialect (vllm / sglang); `role` the P/D role.
-    `requests` records each generation request (path, headers, JSON body).
+    `requests` records each request it answers but /v1/models, /health and
+    /metrics (path, headers, JSON body). `models` are the served models (default:
+    `model` alone); `stored` maps each stored response id to the one it continued.
     """
 
     def __init__(
@@ -113,10 +123,15 @@ class FakeEngine:
         state_uri: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        models: Sequence[str] = (),
+        strict_models: bool = False,
     ) -> None:
         self.flavor = flavor
         self.role = role
-        self.model = model
+        self.models = list(models) or [model]
+        self.model = self.models[0]
+        self.strict_models = strict_models
+        self.stored: dict[str, str | None] = {}  # Responses API: id -> previous_response_id
         self.engine_id = engine_id or f"{flavor}-{role}-{uuid.uuid4().hex[:6]}"
         self.output_tokens = output_tokens
         self.max_model_len = max_model_len
@@ -151,8 +166,15 @@ class FakeEngine:
 
     async def start(self) -> FakeEngine:
         app = web.Application()
-        app.router.add_post("/v1/completions", self._generate)
-        app.router.add_post("/v1/chat/completions", self._generate)
+        for path in (
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/embeddings",
+            "/tokenize",
+            "/detokenize",
+        ):
+            app.router.add_post(path, self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -213,28 +235,20 @@ class FakeEngine:
         chat = request.path.endswith("/chat/completions")
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append({"path": request.path, "headers": headers, "body": body})
-        f = self.faults
-        if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
-            if f.fail_count is not None:
-                f.fail_count -= 1
-            return _error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
-        if f.hang:
-            await asyncio.sleep(3600)
-        if f.body is not None:
-            kind = "text/event-stream" if body.get("stream") else "application/json"
-            if isinstance(f.body, bytes):
-                return web.Response(body=f.body, headers={"Content-Type": kind})
-            resp = web.StreamResponse(headers={"Content-Type": kind})
-            await resp.prepare(request)
-            for i, part in enumerate(f.body):
-                if i and f.between_parts is not None:
-                    await f.between_parts.wait()
-                await resp.write(part)
-            await resp.write_eof()
-            return resp
+        model = body.get("model")
+        if self.strict_models and model is not None and model not in self.models:
+            return _error(404, f"The model `{model}` does not exist.")
+        faulty = await self._faulty(request, body)
+        if faulty is not None:
+            return faulty
+        if request.path in _UTILITY:
+            return web.json_response(_UTILITY[request.path](self, body))
         self.inflight += 1
         try:
-            response = await self._answer(request, body, chat)
+            if request.path == "/v1/responses":
+                response = await self._respond(request, body)
+            else:
+                response = await self._answer(request, body, chat)
         except (_Died, ConnectionResetError):
             self.aborted += 1
             return web.Response(status=499)  # never reaches the client: the socket is gone
@@ -245,6 +259,31 @@ class FakeEngine:
             self.inflight -= 1
         self.completed += 1
         return response
+
+    async def _faulty(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse | None:
+        """The answer the faults make instead of the real one, if any."""
+        f = self.faults
+        if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
+            if f.fail_count is not None:
+                f.fail_count -= 1
+            return _error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
+        if f.hang:
+            await asyncio.sleep(3600)
+        if f.body is None:
+            return None
+        kind = "text/event-stream" if body.get("stream") else "application/json"
+        if isinstance(f.body, bytes):
+            return web.Response(body=f.body, headers={"Content-Type": kind})
+        resp = web.StreamResponse(headers={"Content-Type": kind})
+        await resp.prepare(request)
+        for i, part in enumerate(f.body):
+            if i and f.between_parts is not None:
+                await f.between_parts.wait()
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
 
     async def _answer(
         self, request: web.Request, body: dict[str, Any], chat: bool
@@ -304,7 +343,7 @@ class FakeEngine:
         return web.json_response(payload)
 
     def _n_tokens(self, body: dict[str, Any]) -> int:
-        for key in ("max_completion_tokens", "max_tokens"):
+        for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
             value = body.get(key)
             if isinstance(value, int):
                 return min(value, self.output_tokens)
@@ -341,17 +380,114 @@ class FakeEngine:
                     "usage": self._usage(body, len(tokens)),
                 }
             )
-        for i, event in enumerate(events):
+        frames = [b"data: " + json.dumps(event).encode() + b"\n\n" for event in events]
+        if not self.faults.no_done:
+            frames.append(b"data: [DONE]\n\n")
+        return await self._send(request, resp, frames)
+
+    async def _send(
+        self, request: web.Request, resp: web.StreamResponse, frames: list[bytes]
+    ) -> web.StreamResponse:
+        """Write a prepared stream's events, with the faults' pacing and death."""
+        for i, frame in enumerate(frames):
             if i and self.faults.token_interval_s:
                 await asyncio.sleep(self.faults.token_interval_s)
             if self.faults.die_after_chunks is not None and i >= self.faults.die_after_chunks:
                 _abort(request)
                 raise _Died
-            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        if not self.faults.no_done:
-            await resp.write(b"data: [DONE]\n\n")
+            await resp.write(frame)
         await resp.write_eof()
         return resp
+
+    # ---- the Responses API ----
+
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        """A Responses answer. Like vLLM, the stored responses live in this server
+        only: continuing one it does not hold is a 404."""
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self.stored:
+            return _error(404, f"Response with id '{previous}' not found.")
+        await asyncio.sleep(self.faults.first_token_delay_s)
+        ident = "resp_" + uuid.uuid4().hex
+        if body.get("store", True) is not False:
+            self.stored[ident] = previous
+        tokens = [f" t{i}" for i in range(self._n_tokens(body))]
+        n_in = max(1, len(json.dumps(body.get("input"))) // 4)
+        done: dict[str, Any] = {
+            "id": ident,
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": self.model,
+            "status": "completed",
+            "previous_response_id": previous,
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_" + uuid.uuid4().hex,
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [
+                        {"type": "output_text", "text": "".join(tokens), "annotations": []}
+                    ],
+                }
+            ],
+            "usage": {
+                "input_tokens": n_in,
+                "output_tokens": len(tokens),
+                "total_tokens": n_in + len(tokens),
+            },
+        }
+        if not body.get("stream"):
+            return web.json_response(done)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        events: list[dict[str, Any]] = [
+            {
+                "type": "response.created",
+                "response": {**done, "status": "in_progress", "output": []},
+            }
+        ]
+        events += [
+            {"type": "response.output_text.delta", "output_index": 0, "delta": tok}
+            for tok in tokens
+        ]
+        events.append({"type": "response.completed", "response": done})
+        frames = [
+            f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n".encode()
+            for i, e in enumerate(events)
+        ]
+        return await self._send(request, resp, frames)
+
+    # ---- embeddings, tokenize, detokenize ----
+
+    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
+        given = body.get("input")
+        inputs = given if isinstance(given, list) else [given]
+        data = []
+        for i, item in enumerate(inputs):
+            digest = hashlib.sha256(json.dumps(item).encode()).digest()
+            vector = [round(b / 255, 4) for b in digest[:8]]
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        n = sum(max(1, len(json.dumps(item)) // 4) for item in inputs)
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+        }
+
+    def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        text = body["prompt"] if isinstance(body.get("prompt"), str) else _prompt_text(body)
+        tokens = [ord(c) for c in text]  # one token per character
+        return {
+            "count": len(tokens),
+            "max_model_len": self.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
+
+    def _detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt": "".join(chr(t) for t in body.get("tokens") or [])}
 
     def _id(self, chat: bool) -> str:
         if self.flavor == "sglang":
@@ -487,13 +623,14 @@ class FakeEngine:
                 "object": "list",
                 "data": [
                     {
-                        "id": self.model,
+                        "id": model,
                         "object": "model",
                         "created": int(time.time()),
                         "owned_by": owned_by,
-                        "root": self.model,
+                        "root": model,
                         "max_model_len": self.max_model_len,
                     }
+                    for model in self.models
                 ],
             }
         )
@@ -559,6 +696,14 @@ class FakeEngine:
         finally:
             writer.remove(self.engine_id)
             writer.close()
+
+
+#: the endpoints answered at once, whole, by FakeEngine methods of the body
+_UTILITY: Final = {
+    "/v1/embeddings": FakeEngine._embeddings,
+    "/tokenize": FakeEngine._tokenize,
+    "/detokenize": FakeEngine._detokenize,
+}
 
 
 class _Died(Exception):
