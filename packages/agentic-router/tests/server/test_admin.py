@@ -122,7 +122,8 @@ def test_health_and_models() -> None:
             await eventually(lambda: r.proxy.endpoints[0].breaker.state == "half_open", "half open")
             async with (
                 aiohttp.ClientSession() as s,
-                s.post(r.url + "/v1/completions", json=completion_body()) as resp,
+                # a model engine_0 serves (routing keeps a request off engines without its model)
+                s.post(r.url + "/v1/completions", json=completion_body(model="m-a")) as resp,
             ):
                 assert resp.status == 200
                 assert resp.headers["X-Agentic-Worker"] == "engine_0"

@@ -70,6 +70,7 @@ class Endpoint:
     remove_when_idle: bool = False  # removal asked while requests were in flight
     source: str = "config"  # config (flags), api, or file (the engines file)
     inflight: int = 0  # requests being sent to it or relayed from it now
+    models: frozenset[str] | None = None  # what its GET /v1/models lists (None: not known yet)
     _urls: dict[str, yarl.URL] = field(default_factory=dict)
 
     def url(self, path: str) -> yarl.URL:
@@ -92,12 +93,13 @@ class Endpoint:
             "last_health_ok": self.last_health_ok,
             "health_checks_failed": self.health_checks_failed,
             "breaker": self.breaker.to_dict(),
+            "models": None if self.models is None else sorted(self.models),
         }
 
 
 @dataclass(slots=True)
 class RequestContext:
-    """One generation request on its way through the proxy."""
+    """One request on its way through the proxy."""
 
     request: web.Request
     parsed: ParsedRequest
@@ -115,6 +117,9 @@ class RequestContext:
     decode_worker: str | None = None
     policy: str = "none"  # the latest decision's policy (the histograms' label)
     prompt_tokens: int | None = None  # the routing request's (estimated) prompt length
+    excluded: frozenset[int] = frozenset()  # slots this request may not reach (its model)
+    pinned: str | None = None  # why it may reach one engine only (previous_response_id)
+    response_id: str | None = None  # the id of the Responses answer relayed
 
     def engine(self) -> str:
         """The engine that answers the client (P/D: the decode engine), or "none"."""
@@ -257,6 +262,7 @@ class Accounting:
         self.mode = PD if config.pd_mode else AGGREGATED
         self.logs: JsonlLogs | None = None  # set for the app's lifetime when --log-dir is set
         self._degraded: set[int] = set()  # slots whose breaker is not closed
+        self.balanced_turns = 0  # load-balanced requests so far (their tie-break rotates)
         # draining engines to remove once idle (the worker set checks after each request)
         self.pending_removal: set[int] = set()
         self.on_idle: Callable[[], None] = lambda: None

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from agentic_router.server._accounting import ACTIVE, Accounting, Endpoint
@@ -23,8 +22,9 @@ from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
 from agentic_router.server._logging import dropped_lines
+from agentic_router.server._models import ModelCatalog
 from agentic_router.server._process import process_families
-from agentic_router.server._upstream import EngineClient, TooLarge, json_error, read_capped
+from agentic_router.server._upstream import EngineClient, json_error
 
 
 def admin_refusal(request: web.Request, config: ServerConfig, what: str) -> web.Response | None:
@@ -56,44 +56,26 @@ class AdminEndpoints:
         client: EngineClient,
         inflight: Callable[[], int],
         extra: Sequence[Family] = (),
+        catalog: ModelCatalog | None = None,
     ) -> None:
         self.config = config
         self.acct = acct
         self.client = client
         self._inflight = inflight
         self._extra = extra  # families the app keeps itself (client errors)
+        self.catalog = catalog or ModelCatalog(config, acct, client)
 
     async def models(self, request: web.Request) -> web.Response:
-        session = self.client.session
-        assert session is not None
-        timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
+        catalog = self.catalog
 
         async def one(ep: Endpoint) -> list[dict[str, Any]]:
-            try:
-                async with session.get(ep.spec.url + "/v1/models", timeout=timeout) as r:
-                    if r.status != 200:
-                        return []
-                    # The timeout covers the body: an answer that never ends is cut at
-                    # the deadline or at max_response_bytes, the engine's failure.
-                    try:
-                        raw = await read_capped(r, self.config.max_response_bytes)
-                    except TooLarge:
-                        self.acct.record_failure(ep, "garbage", "GET /v1/models: too large")
-                        return []
-                    except TimeoutError:
-                        self.acct.record_failure(ep, "timeout", "GET /v1/models: body too slow")
-                        return []
-            except (aiohttp.ClientError, TimeoutError, OSError):
+            models, fault = await catalog.fetch(ep)
+            if fault is not None:  # asked for by a client: the engine's failure
+                self.acct.record_failure(ep, *fault)
+            if models is None:
                 return []
-            try:
-                answer = json.loads(raw)
-            except (ValueError, RecursionError):  # deep nesting is the engine's garbage too
-                answer = None
-            if not isinstance(answer, dict):
-                self.acct.record_failure(ep, "garbage", "GET /v1/models: not a JSON object")
-                return []
-            data = answer.get("data")
-            return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+            catalog.learn(ep, models)  # a fresh answer: what routing goes by
+            return models
 
         usable = [ep for ep in self.acct.live() if ep.breaker.state != OPEN]
         merged: dict[str, dict[str, Any]] = {}

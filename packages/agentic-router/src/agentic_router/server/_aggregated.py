@@ -5,13 +5,27 @@ sees the reservation), forward, free on every ending. A request that has not
 sent anything to the client is retried on another engine at most
 `max_retries` times. A decision that moves the decode to another engine
 (Mechanism B) runs the prefill/decode handshake between the two.
+
+A request never reaches an engine in `ctx.excluded` (one that does not serve
+its model, or every engine but the one holding its previous response).
+
+`serve_balanced` serves the endpoints that do not generate (embeddings,
+tokenize, detokenize) with the same retries, breakers and accounting, but
+without the Router: no session, no shadow load, no prefix; each goes to the
+usable active engine with the least load (what its Router holds, or the
+requests of every kind this router has in flight there, the larger).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from agentic_router.server._accounting import RequestContext, admission_reason
+from agentic_router.server._accounting import (
+    ACTIVE,
+    Accounting,
+    RequestContext,
+    admission_reason,
+)
 from agentic_router.server._handoff import SideFailure, handoff
 from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
 
@@ -28,12 +42,12 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
         rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         routing_request = core.routing_request(ctx.parsed, rid, ctx.session_id)
         ctx.prompt_tokens = routing_request.prompt_tokens
-        decision = core.decide(routing_request, exclude=tried | refused)
+        decision = core.decide(routing_request, exclude=tried | refused | ctx.excluded)
         if decision is None:
             break
         worker = decision.worker
         decode = decision.decode_worker
-        if decode is not None and decode != worker and decode not in tried | refused:
+        if decode is not None and decode != worker and decode not in tried | refused | ctx.excluded:
             # Mechanism B: prefill here, decode on another engine (KV moves over
             # the engines' connector, with the vLLM handshake).
             if config.pd_protocol == "vllm":
@@ -65,15 +79,66 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
                 tried.add(worker)
         finally:
             core.free(rid)
+    return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
+
+
+async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
+    acct = client.acct
+    tried: set[int] = set()
+    last: EngineFailure | None = None
+    refused: set[int] = set()
+    for attempt in range(client.config.max_retries + 1):
+        refused = acct.sync_health()
+        out = tried | refused | ctx.excluded
+        candidates = [ep for ep in acct.endpoints if ep.state == ACTIVE and ep.slot not in out]
+        if not candidates:
+            break
+        # the least loaded; among equals, the next after the previous pick (rotation)
+        turn = acct.balanced_turns = acct.balanced_turns + 1
+        n = len(acct.endpoints)
+        ep = min(
+            candidates,
+            key=lambda e: (max(acct.core.load(e.slot), e.inflight), (e.slot - turn) % n),
+        )
+        ctx.worker, ctx.policy = ep.spec.engine_id, "least_load"
+        rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
+        if attempt:
+            acct.telemetry.retries.inc()
+        try:
+            with acct.attempt(ep):
+                return await client.forward(ctx, ep, rid, ctx.raw)
+        except EngineFailure as exc:
+            last = exc
+            acct.admission(ctx, ep.slot, False, admission_reason(exc.status))
+            if not exc.retriable:
+                break
+            tried.add(ep.slot)
+    return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
+
+
+def unserved(
+    ctx: RequestContext,
+    acct: Accounting,
+    last: EngineFailure | None,
+    refused: set[int],
+    no_engine: str,
+) -> web.Response:
+    """The answer to a request no engine served: the last engine failure, or a 503
+    (with Retry-After) when no engine could be tried. A request pinned to one
+    engine says which and why (`ctx.pinned`)."""
     if last is None:
         acct.count(ctx, "no_engine")
         acct.admission(ctx, None, False, "no-usable-engine")
-        return json_error(
-            503,
-            acct.no_engine_message() or "no usable engine: every engine's circuit is open",
-            headers={"Retry-After": acct.retry_after(refused)},
-        )
+        if ctx.pinned is not None:
+            no_engine = f"{ctx.pinned}, which cannot take requests now (its circuit is open)"
+        else:
+            no_engine = acct.no_engine_message() or no_engine
+        # when the engines this request could have reached may take it again
+        wait_on = (refused - ctx.excluded) or refused
+        return json_error(503, no_engine, headers={"Retry-After": acct.retry_after(wait_on)})
     acct.count(ctx, f"engine_{last.status}")
+    if ctx.pinned is not None and last.answer is None:
+        last.message = f"{ctx.pinned}: {last.message}"
     # X-Agentic-Worker names the engine(s) of the last attempt; a request that
     # reached no engine (the 503 above) carries none.
     return last.response(acct.worker_headers(ctx))

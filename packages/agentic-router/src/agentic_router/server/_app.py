@@ -7,8 +7,12 @@ checks, the state feed or metrics reconcile start and stop with the app) and
 the route table; the work is done elsewhere:
 
 - the request path: `_aggregated` / `_pd` (with `_handoff`), over the engine
-  client (`_upstream`), with the bookkeeping in `_accounting`;
-- routing decisions: the Router, through `_routing.RoutingCore`;
+  client (`_upstream`), with the bookkeeping in `_accounting`; embeddings and
+  tokenize are load-balanced (`_aggregated.serve_balanced`);
+- routing decisions: the Router, through `_routing.RoutingCore`, kept to the
+  engines that serve the request's model (`_models`) and, for a Responses
+  request that continues a stored response, to the engine holding it
+  (`_affinity`);
 - /v1/models, /health, /state, /metrics: `_admin`;
 - engines joining and leaving at run time (/admin/workers, --engines-file):
   `_workers`.
@@ -31,16 +35,36 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from agentic_router.server._accounting import Accounting, Endpoint, RequestContext, Telemetry
+from agentic_router.server._accounting import (
+    DRAINING,
+    Accounting,
+    Endpoint,
+    RequestContext,
+    Telemetry,
+)
 from agentic_router.server._admin import AdminEndpoints
-from agentic_router.server._aggregated import serve_aggregated
+from agentic_router.server._affinity import ResponseAffinity
+from agentic_router.server._aggregated import serve_aggregated, serve_balanced
 from agentic_router.server._body import BodyBudget, BodyReader
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
 from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
 from agentic_router.server._logging import CONTEXT, access_log
-from agentic_router.server._parse import CHAT, COMPLETIONS, BadRequest, parse_body, session_id_of
+from agentic_router.server._models import ModelCatalog
+from agentic_router.server._parse import (
+    CHAT,
+    COMPLETIONS,
+    DETOKENIZE,
+    EMBEDDINGS,
+    GENERATION,
+    RESPONSES,
+    TOKENIZE,
+    BadRequest,
+    ParsedRequest,
+    parse_body,
+    session_id_of,
+)
 from agentic_router.server._pd import serve_pd
 from agentic_router.server._request_id import (
     CLIENT_ID,
@@ -106,12 +130,17 @@ class Proxy:
             "the HTTP parser's), by status",
             ("status",),
         )
+        self.catalog = ModelCatalog(config, self.acct, self.client)
+        self.affinity = ResponseAffinity(
+            config.response_affinity_max_entries, config.response_affinity_ttl_s
+        )
         self.admin = AdminEndpoints(
             config,
             self.acct,
             self.client,
             lambda: self.inflight,
             extra=[self.client_errors, self.workers.file_reloads],
+            catalog=self.catalog,
         )
         self.inflight = 0
         self.body_budget = BodyBudget(config.max_buffered_body_bytes)
@@ -138,6 +167,7 @@ class Proxy:
             tasks.append(asyncio.create_task(checker.run(), name="health-checks"))
         if self.config.engines_file:
             tasks.append(asyncio.create_task(self.workers.watch_file(), name="engines-file"))
+        tasks.append(asyncio.create_task(self.catalog.run(), name="model-catalog"))
         await self.core.start()
         try:
             yield
@@ -153,32 +183,37 @@ class Proxy:
             if logs is not None:
                 await asyncio.get_running_loop().run_in_executor(None, logs.close)
 
-    # ---- the generation endpoints ----
+    # ---- the proxied endpoints ----
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, COMPLETIONS, "/v1/completions")
+    async def proxied(self, request: web.Request) -> web.StreamResponse:
+        """Every POST the engines answer (ENDPOINTS: the path names the kind)."""
+        kind = ENDPOINTS[request.path]
+        return await self._proxy(request, kind, request.path)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, CHAT, "/v1/chat/completions")
-
-    async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
+    async def _proxy(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         acct = self.acct
-        endpoint = "chat" if kind == CHAT else "completions"
+        endpoint = kind  # the requests counter's endpoint label
         received = time.monotonic()
         body = BodyReader(self.body_budget, self.config.max_body_bytes)
         try:
             try:
                 raw = await body.read(request, read_deadline(request, self.config))
                 parsed = parse_body(raw, kind)
-                session_id = session_id_of(
-                    request.headers,
-                    parsed.body,
-                    self.config.session_headers,
-                    self.config.session_fields,
-                )
+                session_id = None  # embeddings and tokenize have no session
+                if kind in GENERATION:
+                    session_id = session_id_of(
+                        request.headers,
+                        parsed.body,
+                        self.config.session_headers,
+                        self.config.session_fields,
+                    )
             except BadRequest as exc:
                 self.telemetry.requests.inc(endpoint, _REFUSAL.get(exc.status, "bad_request"))
                 return await refuse(request, exc.status, exc.message, param=exc.param)
+            placed = self._place(request, parsed, session_id)
+            if isinstance(placed, web.Response):
+                return placed
+            excluded, pinned, session_id = placed
             # In flight from here: a slow upload holds its connection and its
             # buffered bytes (bounded above), never a routing slot.
             if self.inflight >= self.config.max_inflight:
@@ -199,12 +234,17 @@ class Proxy:
                     client_request_id=request[CLIENT_ID],
                     endpoint=endpoint,
                     received=received,
+                    excluded=excluded,
+                    pinned=pinned,
                 )
                 if self.config.access_log:
                     request[CONTEXT] = ctx
                 response: web.StreamResponse | None = None
                 try:
-                    serve = serve_pd if self.config.pd_mode else serve_aggregated
+                    if kind not in GENERATION:
+                        serve = serve_balanced
+                    else:
+                        serve = serve_pd if self.config.pd_mode else serve_aggregated
                     response = await serve(self.client, ctx)
                     return response
                 except (asyncio.CancelledError, ConnectionResetError):
@@ -212,12 +252,76 @@ class Proxy:
                     acct.count(ctx, "client_disconnect")
                     raise
                 finally:
+                    if ctx.response_id is not None and parsed.store and ctx.worker is not None:
+                        # the chain's next turn must reach the engine that stored this one
+                        chain = ctx.session_id or ctx.response_id
+                        self.affinity.remember(ctx.response_id, ctx.worker, chain)
                     acct.finish(ctx, response)
             finally:
                 self.inflight -= 1
         finally:
             body.release()
 
+    def _place(
+        self, request: web.Request, parsed: ParsedRequest, session_id: str | None
+    ) -> tuple[frozenset[int], str | None, str | None] | web.Response:
+        """Where the request may go, before the policy picks: (the slots it may not
+        reach, why it is pinned to one engine, its session id), or the refusal when
+        no engine may serve it."""
+
+        def not_found(outcome: str, message: str, param: str, code: str) -> web.Response:
+            self.telemetry.requests.inc(parsed.kind, outcome)
+            return client_error(request, 404, message, param=param, code=code)
+
+        excluded = self.catalog.excluded(parsed.model)
+        if excluded is None:
+            return not_found(
+                "model_not_found",
+                f"the model {parsed.model!r} does not exist: no engine serves it "
+                "(GET /v1/models lists the models served)",
+                "model",
+                "model_not_found",
+            )
+        if parsed.kind == RESPONSES and self.config.pd_mode:
+            self.telemetry.requests.inc(parsed.kind, "not_supported")
+            return json_error(501, "the Responses API is not served in P/D mode")
+        previous = parsed.previous_response_id
+        if previous is None:
+            return excluded, None, session_id
+        stored = self.affinity.lookup(previous)
+        if stored is None:  # not relayed by this router (or forgotten): the policy's to route
+            return excluded, None, session_id
+        where = f"response {previous!r} is stored on engine {stored.engine_id!r}"
+        home = next((ep for ep in self.acct.live() if ep.spec.engine_id == stored.engine_id), None)
+        if home is None:
+            return not_found(
+                "previous_response_gone",
+                f"{where}, which is no longer in the router: its state is gone; start a new "
+                "conversation (without previous_response_id)",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+        if home.state == DRAINING:
+            self.telemetry.requests.inc(parsed.kind, "previous_response_draining")
+            return json_error(
+                503,
+                f"{where}, which is draining: it takes no new requests (resume it, or start a "
+                "new conversation without previous_response_id)",
+                param="previous_response_id",
+            )
+        pinned = frozenset(ep.slot for ep in self.acct.endpoints if ep is not home)
+        return pinned, where, session_id or stored.chain
+
+
+#: the POST endpoints proxied to the engines, and the kind of request each takes
+ENDPOINTS: Final = {
+    "/v1/completions": COMPLETIONS,
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": RESPONSES,
+    "/v1/embeddings": EMBEDDINGS,
+    "/tokenize": TOKENIZE,
+    "/detokenize": DETOKENIZE,
+}
 
 #: the requests counter's outcome for a request refused before routing
 _REFUSAL: Final = {408: "read_timeout", 413: "too_large", 503: "overloaded"}
@@ -240,6 +344,7 @@ def client_error(
     *,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> web.Response:
     """A refused request: one WARNING line (no traceback) and the OpenAI-shaped answer;
     503 says when to retry."""
@@ -255,7 +360,7 @@ def client_error(
     extra = dict(headers or {})
     if status == 503:
         extra["Retry-After"] = "1"
-    return json_error(status, message, param=param, headers=extra or None)
+    return json_error(status, message, param=param, headers=extra or None, code=code)
 
 
 async def refuse(
@@ -359,12 +464,8 @@ def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Applicat
     app.on_response_prepare.append(_stamp)
     install_log_filter()
     app.cleanup_ctx.append(proxy.lifecycle)
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    for path, handler in (
-        ("/v1/completions", proxy.completions),
-        ("/v1/chat/completions", proxy.chat_completions),
-    ):
-        app.router.add_post(path, handler)
+    for path in ENDPOINTS:
+        app.router.add_post(path, proxy.proxied)
     admin = proxy.admin
     app.router.add_get("/v1/models", admin.models)
     app.router.add_get("/health", admin.health)

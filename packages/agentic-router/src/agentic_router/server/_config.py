@@ -262,6 +262,23 @@ class ServerConfig:
     session_fields: tuple[str, ...] = setting(
         DEFAULT_SESSION_FIELDS, "request body fields read for the session id after the headers"
     )
+    route_by_model: bool = setting(
+        True,
+        "send a request only to engines whose GET /v1/models lists its `model`, and answer 404 "
+        "(model_not_found) for a model none lists; off: any engine (SGLang ignores the name)",
+    )
+    response_affinity_max_entries: int = setting(
+        100_000,
+        "Responses API: response ids remembered with the engine that stored each, the least "
+        "recently used dropped first (a previous_response_id the router no longer knows is "
+        "routed by the policy)",
+        check=at_least(1),
+    )
+    response_affinity_ttl_s: float = setting(
+        86_400.0,
+        "Responses API: how long a response id is remembered after its last use",
+        check=positive,
+    )
     request_id_header: str = setting(
         "X-Request-Id",
         "header carrying the request id: the client's echoed on every response (or one the "

@@ -1,10 +1,12 @@
 """Request validation and session identity for the OpenAI endpoints.
 
 Owns what the proxy needs to know about a request before routing it: is the
-body a valid completions / chat-completions request (else a 400 naming the
-problem), does it stream, and which session it belongs to. It does not touch
-the body the engine receives: aggregated requests are forwarded byte for byte.
-No I/O, no clock; pure functions of the body and headers.
+body a valid request of its endpoint (completions, chat completions,
+responses, embeddings, tokenize, detokenize; else a 400 naming the problem),
+does it stream, which model it asks for, and which session it belongs to. It
+does not touch the body the engine receives: aggregated requests are
+forwarded byte for byte. No I/O, no clock; pure functions of the body and
+headers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ MAX_SESSION_ID_CHARS: Final = 256
 
 COMPLETIONS: Final = "completions"
 CHAT: Final = "chat"
+RESPONSES: Final = "responses"
+EMBEDDINGS: Final = "embeddings"
+TOKENIZE: Final = "tokenize"
+DETOKENIZE: Final = "detokenize"
+#: the kinds that generate (routed by the policy, with sessions); the others are
+#: load-balanced (no session semantics, no shadow load)
+GENERATION: Final = frozenset({COMPLETIONS, CHAT, RESPONSES})
+
+MAX_RESPONSE_ID_CHARS: Final = 256
 
 
 class BadRequest(ValueError):
@@ -34,10 +45,16 @@ class BadRequest(ValueError):
 
 @dataclass(slots=True)
 class ParsedRequest:
-    kind: str  # COMPLETIONS or CHAT
+    kind: str  # COMPLETIONS, CHAT, RESPONSES, EMBEDDINGS, TOKENIZE or DETOKENIZE
     body: dict[str, Any]
     stream: bool
     max_tokens: int | None
+    model: str | None = None
+    # what the routing core reads for prompt length and prefix identity, when not
+    # `body` (a Responses request: its `instructions` and `input` as messages)
+    routing_body: dict[str, Any] | None = None
+    previous_response_id: str | None = None  # Responses: the turn this one continues
+    store: bool = True  # Responses: does the engine keep the answer (store)
 
 
 #: orjson turns an integer outside -2**63 .. 2**64-1 into a float; any number this
@@ -93,22 +110,18 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
     body = decode_json(raw)
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
-    if kind == COMPLETIONS:
-        _check_prompt(body.get("prompt", _MISSING))
-    else:
-        _check_messages(body.get("messages", _MISSING))
+    _CHECKS[kind](body)
     _check_token_id_fields(body)
     _check_router_owned(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", param="model")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("'stream' must be a boolean", param="stream")
+    stream = _optional(body, "stream", bool, "a boolean") or False
+    if kind not in GENERATION:
+        stream = False  # answered whole by the engines, whatever the body says
     max_tokens: int | None = None
-    for key in ("max_completion_tokens", "max_tokens"):
+    keys = ("max_output_tokens",) if kind == RESPONSES else ("max_completion_tokens", "max_tokens")
+    for key in keys:
         value = body.get(key)
         if value is None:
             continue
@@ -116,7 +129,79 @@ def parse_body(raw: bytes, kind: str) -> ParsedRequest:
             raise BadRequest(f"'{key}' must be a non-negative integer", param=key)
         if max_tokens is None:
             max_tokens = value
-    return ParsedRequest(kind=kind, body=body, stream=stream, max_tokens=max_tokens)
+    parsed = ParsedRequest(
+        kind=kind, body=body, stream=stream, max_tokens=max_tokens, model=model or None
+    )
+    if kind == RESPONSES:
+        _responses_fields(parsed)
+    return parsed
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """`body[key]` when present and not null, checked to be a `kind` (bool is not an int)."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise BadRequest(f"'{key}' must be {what}", param=key)
+    return value
+
+
+def _responses_fields(parsed: ParsedRequest) -> None:
+    """A Responses request's chain link and routing view: `instructions` and `input`
+    read as chat messages, so its prefix identity is built like a chat's."""
+    body = parsed.body
+    previous = _optional(body, "previous_response_id", str, "a string")
+    if previous is not None:
+        if not previous or len(previous) > MAX_RESPONSE_ID_CHARS:
+            raise BadRequest(
+                f"'previous_response_id' must be 1 to {MAX_RESPONSE_ID_CHARS} characters",
+                param="previous_response_id",
+            )
+        parsed.previous_response_id = previous
+    store = _optional(body, "store", bool, "a boolean")
+    parsed.store = store is not False
+    instructions = _optional(body, "instructions", str, "a string")
+    given = body["input"]
+    messages: list[Any] = [{"role": "system", "content": instructions}] if instructions else []
+    messages += [{"role": "user", "content": given}] if isinstance(given, str) else given
+    parsed.routing_body = {"messages": messages, "max_tokens": parsed.max_tokens}
+
+
+def _check_responses(body: dict[str, Any]) -> None:
+    given = body.get("input", _MISSING)
+    if isinstance(given, _Missing):
+        raise BadRequest("'input' is required", param="input")
+    if isinstance(given, str):
+        return
+    if not isinstance(given, list) or not given or not all(isinstance(i, dict) for i in given):
+        raise BadRequest(
+            "'input' must be a string or a non-empty list of input items (objects)", param="input"
+        )
+
+
+def _check_embeddings(body: dict[str, Any]) -> None:
+    given = body.get("input", _MISSING)
+    if isinstance(given, _Missing):
+        raise BadRequest("'input' is required", param="input")
+    if isinstance(given, str) or (isinstance(given, list) and given):
+        return
+    raise BadRequest("'input' must be a string or a non-empty list", param="input")
+
+
+def _check_tokenize(body: dict[str, Any]) -> None:
+    if "messages" in body:
+        _check_messages(body["messages"])
+    elif not isinstance(body.get("prompt"), str):
+        raise BadRequest("'prompt' (a string) or 'messages' is required", param="prompt")
+
+
+def _check_detokenize(body: dict[str, Any]) -> None:
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not _are_token_ids(tokens):
+        raise BadRequest(
+            f"'tokens' must be a list of token ids (integers 0 to {MAX_TOKEN_ID})", param="tokens"
+        )
 
 
 #: Body fields the router sets to hand a request between engines. From a client
@@ -213,6 +298,16 @@ def _check_messages(messages: object) -> None:
             )
 
 
+_CHECKS: Final = {
+    COMPLETIONS: lambda body: _check_prompt(body.get("prompt", _MISSING)),
+    CHAT: lambda body: _check_messages(body.get("messages", _MISSING)),
+    RESPONSES: _check_responses,
+    EMBEDDINGS: _check_embeddings,
+    TOKENIZE: _check_tokenize,
+    DETOKENIZE: _check_detokenize,
+}
+
+
 def session_id_of(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
@@ -252,8 +347,11 @@ def _checked(value: str, source: str) -> str | None:
     return value
 
 
-def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape (vLLM and SGLang answer errors the same way)."""
+def error_body(
+    status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape (vLLM and SGLang answer errors the same way); `code` is
+    the status unless a machine-readable code is given (`model_not_found`)."""
     kind = {
         400: "BadRequestError",
         401: "AuthenticationError",
@@ -263,8 +361,9 @@ def error_body(status: int, message: str, *, param: str | None = None) -> dict[s
         408: "RequestTimeoutError",
         413: "RequestTooLargeError",
         499: "ClientClosedRequest",
+        501: "NotImplementedError",
         502: "BadGatewayError",
         503: "ServiceUnavailableError",
         504: "GatewayTimeoutError",
     }.get(status, "InternalServerError")
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}

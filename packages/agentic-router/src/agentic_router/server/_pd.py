@@ -34,7 +34,9 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
         base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
         ctx.prompt_tokens = req.prompt_tokens
-        dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
+        dec_d = core.decide(
+            with_id(req, base + ":d"), exclude=tried | refused | ctx.excluded, role=DECODE
+        )
         if dec_d is None:
             refused = {s for s in refused if acct.endpoints[s].role == DECODE}
             break
@@ -53,10 +55,14 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
                 # served with its KV prefilled elsewhere.
                 last = exc.failure
                 refused = acct.sync_health()
-                dec_d = core.decide(with_id(req, base + ":d"), exclude=tried | refused, role=DECODE)
+                dec_d = core.decide(
+                    with_id(req, base + ":d"), exclude=tried | refused | ctx.excluded, role=DECODE
+                )
                 if dec_d is None:
                     break
-        dec_p = core.decide(with_id(req, base + ":p"), exclude=tried | refused, role=PREFILL)
+        dec_p = core.decide(
+            with_id(req, base + ":p"), exclude=tried | refused | ctx.excluded, role=PREFILL
+        )
         if dec_p is None:
             # the prefill pool is the one without a usable engine: its circuits say when
             refused = {s for s in refused if acct.endpoints[s].role == PREFILL}

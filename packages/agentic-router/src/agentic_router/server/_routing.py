@@ -198,7 +198,7 @@ class RoutingCore:
     ) -> RoutingRequest:
         return build_routing_request(
             request_id,
-            parsed.body,
+            parsed.body if parsed.routing_body is None else parsed.routing_body,
             session_id=session_id,
             config=self.router_config,
             plugin_manager=self._tokenize_pm,
@@ -278,6 +278,11 @@ class RoutingCore:
     def set_usable(self, slot: int, usable: bool) -> None:
         pool = self._slot_pool[slot]
         pool.router.set_worker_health(self._slot_worker[slot], usable)
+
+    def load(self, slot: int) -> int:
+        """Requests the engine at `slot` holds, as its pool's Router sees them."""
+        pool = self._slot_pool[slot]
+        return pool.router.instance_state(self._slot_worker[slot]).eff_num_requests
 
     def active_requests(self) -> int:
         return sum(len(p.router.state.index) for p in self.pools.values())

@@ -37,7 +37,7 @@ from agentic_router.server._accounting import (
     RequestContext,
 )
 from agentic_router.server._config import ServerConfig
-from agentic_router.server._parse import error_body
+from agentic_router.server._parse import RESPONSES, error_body
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
@@ -134,11 +134,16 @@ class EngineFailure(Exception):
 
 
 def json_error(
-    status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> web.Response:
     """An error the router itself answers, in OpenAI's shape."""
     return web.json_response(
-        error_body(status, message, param=param), status=status, headers=headers
+        error_body(status, message, param=param, code=code), status=status, headers=headers
     )
 
 
@@ -166,13 +171,25 @@ class SseEvents:
     the usual case, is accepted without looking at its lines (0.5 us against
     about 5 us for the line-by-line check, measured here)."""
 
-    __slots__ = ("_rest", "done", "max_event_bytes", "problem")
+    __slots__ = ("_rest", "done", "ends", "keep", "kept", "max_event_bytes", "problem")
 
-    def __init__(self, max_event_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        max_event_bytes: int = 1 << 20,
+        *,
+        ends: frozenset[bytes] = frozenset(),
+        keep: bytes | None = None,
+    ) -> None:
         self._rest = b""
-        self.done = False  # `data: [DONE]` seen
+        self.done = False  # `data: [DONE]`, or an event named in `ends`, seen
         self.problem = ""  # why the stream is garbage (set when feed/finish return None)
         self.max_event_bytes = max_event_bytes
+        # A Responses stream has no [DONE]: it ends with one of these events
+        # (`event: response.completed`, ...). The data of the first event named
+        # `keep` is kept in `kept` (the answer's id is in `response.created`).
+        self.ends = ends
+        self.keep = keep
+        self.kept: bytes | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole, well-formed events that `chunk` completes, to relay (b"" if
@@ -215,6 +232,7 @@ class SseEvents:
 
     def _check(self, event: bytes) -> bool:
         data: list[bytes] = []
+        kind = b""
         for line in event.splitlines():
             if not line or line.startswith(b":"):
                 continue
@@ -224,6 +242,8 @@ class SseEvents:
                 return False
             if name == b"data":
                 data.append(value[1:] if value.startswith(b" ") else value)
+            elif name == b"event":
+                kind = value.strip()
         if not data:
             return True
         payload = b"\n".join(data).strip()
@@ -231,6 +251,10 @@ class SseEvents:
             self.done = True
             return True
         if payload.startswith(b"{") and payload.endswith(b"}"):
+            if kind and kind in self.ends:
+                self.done = True
+            if kind and kind == self.keep and self.kept is None:
+                self.kept = payload
             return True
         self.problem = f"event data is not a JSON object: {payload[:40]!r}"
         return False
@@ -238,6 +262,35 @@ class SseEvents:
 
 _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
 _SSE_FIELDS: Final = frozenset({b"data", b"event", b"id", b"retry"})
+
+
+#: the events that end a Responses stream (it has no [DONE]), and the one naming the answer
+RESPONSE_ENDS: Final = frozenset(
+    {b"response.completed", b"response.incomplete", b"response.failed"}
+)
+RESPONSE_CREATED: Final = b"response.created"
+
+
+def sse_events(kind: str) -> SseEvents:
+    """The stream checker for a request of `kind` (a Responses stream ends its own way)."""
+    if kind == RESPONSES:
+        return SseEvents(ends=RESPONSE_ENDS, keep=RESPONSE_CREATED)
+    return SseEvents()
+
+
+def response_id_of(answer: bytes | None, *, event: bool = False) -> str | None:
+    """The id of a Responses answer (`{"id": ...}`), or of the response a stream
+    event carries (`{"response": {"id": ...}}`); None when it has none."""
+    if answer is None:
+        return None
+    try:
+        node = json.loads(answer)
+    except (ValueError, RecursionError):
+        return None
+    if event:
+        node = node.get("response") if isinstance(node, dict) else None
+    ident = node.get("id") if isinstance(node, dict) else None
+    return ident if isinstance(ident, str) and ident else None
 
 
 class TooLarge(Exception):
@@ -414,6 +467,8 @@ class EngineClient:
             acct.record_failure(ep, "garbage", "a 200 answer that is not a JSON object")
             raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an answer that is not JSON")
         ctx.first_token = time.monotonic()
+        if ctx.parsed.kind == RESPONSES:
+            ctx.response_id = response_id_of(data)
         acct.core.mark_prefill_completed(rid)
         acct.record_success(ep)
         acct.count(ctx, "ok")
@@ -433,7 +488,7 @@ class EngineClient:
         acct = self.acct
         engine = ep.spec.engine_id
         content = upstream.content
-        events = SseEvents()
+        events = sse_events(ctx.parsed.kind)
         out: web.StreamResponse | None = None
         tail = b""
         fault: tuple[str, str, str] | None = None  # (failure kind, outcome, message)
@@ -460,6 +515,8 @@ class EngineClient:
                     raise EngineFailure(502, f"engine {engine} sent an empty stream")
                 # From here on the client gets bytes: no retry, errors go in-band.
                 ctx.first_token = time.monotonic()
+                # a Responses stream's first event names the response
+                ctx.response_id = response_id_of(events.kept, event=True)
                 acct.core.mark_prefill_completed(rid)
                 acct.admission(ctx, ep.slot, True, "ok")
                 out = web.StreamResponse(
