@@ -23,6 +23,7 @@ from aiohttp import web
 from agentic_router.server._accounting import (
     ACTIVE,
     Accounting,
+    Endpoint,
     RequestContext,
     admission_reason,
 )
@@ -68,15 +69,13 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
             acct.note_decision(ctx, decision, worker, None, home=decision.home)
             if attempt:
                 acct.telemetry.retries.inc()
-            try:
-                with acct.attempt(ep):
-                    return await client.forward(ctx, ep, rid, ctx.raw)
-            except EngineFailure as exc:
-                last = exc
-                acct.admission(ctx, worker, False, admission_reason(exc.status))
-                if not exc.retriable:
-                    break
-                tried.add(worker)
+            got = await attempt_on(client, ctx, ep, rid)
+            if not isinstance(got, EngineFailure):
+                return got
+            last = got
+            if not last.retriable:
+                break
+            tried.add(worker)
         finally:
             core.free(rid)
     return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
@@ -104,16 +103,27 @@ async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.Strea
         rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
         if attempt:
             acct.telemetry.retries.inc()
-        try:
-            with acct.attempt(ep):
-                return await client.forward(ctx, ep, rid, ctx.raw)
-        except EngineFailure as exc:
-            last = exc
-            acct.admission(ctx, ep.slot, False, admission_reason(exc.status))
-            if not exc.retriable:
-                break
-            tried.add(ep.slot)
+        got = await attempt_on(client, ctx, ep, rid)
+        if not isinstance(got, EngineFailure):
+            return got
+        last = got
+        if not last.retriable:
+            break
+        tried.add(ep.slot)
     return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
+
+
+async def attempt_on(
+    client: EngineClient, ctx: RequestContext, ep: Endpoint, rid: str
+) -> web.StreamResponse | EngineFailure:
+    """One attempt on `ep`: the answer relayed, or the engine's failure (recorded as a
+    refused admission) for the caller to retry elsewhere or report."""
+    try:
+        with client.acct.attempt(ep):
+            return await client.forward(ctx, ep, rid, ctx.raw)
+    except EngineFailure as exc:
+        client.acct.admission(ctx, ep.slot, False, admission_reason(exc.status))
+        return exc
 
 
 def unserved(
