@@ -12,7 +12,7 @@ headers.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -65,19 +65,30 @@ _WIDE: Final = 2**63
 def _maybe_widened(node: Any) -> bool:
     """Could orjson's result hold an integer it turned into a float? (Any number of
     magnitude 2**63 or more: rare, and then `json` decides.) C-speed on lists of
-    numbers (min/max), one call per container and string elsewhere."""
+    numbers (min/max); elsewhere one type test per value, and a call only for
+    containers and floats (strings, the bulk of a chat body, are skipped)."""
     kind = type(node)
+    values: Iterable[Any]
     if kind is dict:
-        return any(map(_maybe_widened, node.values()))
-    if kind is list:
+        values = node.values()
+    elif kind is list:
         if not node:
             return False
-        try:
-            return bool(max(node) >= _WIDE or min(node) <= -_WIDE)
-        except TypeError:  # not all numbers
-            return any(map(_maybe_widened, node))
-    if kind is float:
+        first = type(node[0])
+        if first is int or first is float:
+            try:
+                return bool(max(node) >= _WIDE or min(node) <= -_WIDE)
+            except TypeError:  # not all numbers
+                pass
+        values = node
+    elif kind is float:
         return not -_WIDE < node < _WIDE
+    else:
+        return False
+    for value in values:
+        inner = type(value)
+        if (inner is dict or inner is list or inner is float) and _maybe_widened(value):
+            return True
     return False
 
 
