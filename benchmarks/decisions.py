@@ -14,8 +14,8 @@
    so the active set stays constant), with a fresh real-state snapshot for
    every worker every 10 decisions (the feed-on path). No `gc.freeze()`: the
    collector runs as it does in a server. Reports µs per stage (median, p99)
-   and in total, and `parse_us` (json.loads of the same body, the proxy's
-   parse, not part of the decision) for scale.
+   and in total, and `parse_us` (the proxy's decode of the same body,
+   `decode_json`: orjson checked against json, not part of the decision) for scale.
 2. `prefix_identity`: `build_routing_request` alone on sessions whose prompt
    grows turn by turn (each turn appends an assistant reply and a user message,
    ~2% of the prompt): the first turn of a session (cold) and its next turn
@@ -47,6 +47,7 @@ from agentic_router._worker_table import WorkerTable
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_ids, chain_payloads
 from agentic_router.request import build_routing_request
+from agentic_router.server._parse import decode_json
 from agentic_router.state import PromptRegistry, SequenceState
 from agentic_router.types import RouterConfig
 
@@ -192,7 +193,7 @@ def bench_decisions(
         body = gen.body(s, turn[s])
         raw = dumps(body).encode()
         t0 = perf()
-        json.loads(raw)
+        decode_json(raw)
         t1 = perf()
         parse.append(t1 - t0)
         t0 = perf()
