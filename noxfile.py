@@ -281,7 +281,10 @@ def tests_agentic_router(session: nox.Session) -> None:
     """The router package's tests and the example scorer plugin's (installed, so
     its entry point is discovered like a third-party plugin's)."""
     _install_router(session)
-    _pytest(session, f"{PACKAGES['router']}/tests", f"{ROUTER_EXAMPLE_PLUGIN}/tests")
+    # A hung test fails alone with its stack (pytest-timeout) instead of running CI out.
+    _pytest(
+        session, f"{PACKAGES['router']}/tests", f"{ROUTER_EXAMPLE_PLUGIN}/tests", "--timeout=600"
+    )
 
 
 @nox.session
@@ -290,4 +293,4 @@ def cross(session: nox.Session) -> None:
     (real file transport and a real redis-server)."""
     _install_router(session)
     session.install("--no-deps", "-e", PACKAGES["sglang-engine-state"])  # its pure snapshot
-    _pytest(session, "tests")
+    _pytest(session, "tests", "--timeout=600")
