@@ -47,7 +47,8 @@ API (stable; the proxy and the simulator code against this)
 
     Decision (frozen): request_id, session_id, worker: int, policy: str, reason: str,
         decode_worker: int | None (P/D and Mechanism B; None = decode where prefill runs),
-        seq: int (decision number), ts: float, home: int | None (session's home then),
+        seq: int (decision number; with replica sync, other replicas' placements count
+        too), ts: float, home: int | None (session's home then),
         notes: dict, candidates -> tuple[CandidateScore, ...] (built lazily):
             CandidateScore(worker, total, parts {scorer: weighted cost},
                            features {cached_tokens, uncached_tokens, eff_*},
@@ -547,6 +548,9 @@ class Router(WorkerChanges):
         if entry is None:
             return False
         self._track(entry.worker, now)
+        # a decision the fleet made: the rotation tie-break counts the fleet's decisions,
+        # so replicas spread new sessions as one router does, not each from worker 0
+        self._seq += 1
         return True
 
     def apply_replica_prefill_completed(self, request_id: str) -> bool:

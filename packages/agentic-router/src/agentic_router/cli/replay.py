@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from agentic_router.sim._config import SimConfig, Topology
+from agentic_router.sim._config import REPLICA_SPREADS, SimConfig, Topology
 from agentic_router.sim._load import infer_sessions
 from agentic_router.sim._model import EngineConfig
 from agentic_router.sim._report import (
@@ -42,6 +42,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Mooncake JSONL (.jsonl[.gz]), Azure CSV (.csv), or a bundled trace name ('agentic')",
     )
     add_matrix_arguments(parser)
+    add_replica_arguments(parser)
+
+
+def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="router replicas over the same engines, as `serve` replicas behind a load "
+        "balancer: each request is decided by one (default 1; aggregated topologies)",
+    )
+    parser.add_argument(
+        "--replica-lag-ms",
+        type=float,
+        default=50.0,
+        help="--replicas: how long a replica's reservations, frees and session homes take "
+        "to reach the others (default 50)",
+    )
+    parser.add_argument(
+        "--replica-spread",
+        choices=REPLICA_SPREADS,
+        default="round_robin",
+        help="--replicas: how the load balancer spreads requests (default round_robin)",
+    )
+    parser.add_argument(
+        "--replica-sync",
+        choices=("on", "off"),
+        default="on",
+        help="--replicas: off = replicas share nothing but the engine feed, to measure what "
+        "sync buys (default on)",
+    )
 
 
 def add_matrix_arguments(parser: argparse.ArgumentParser, *, topology: str = "8") -> None:
@@ -288,7 +319,8 @@ def run_matrix_cli(
     err.write(
         f"  trace {ts['name']}: {ts['requests']} requests, {ts['sessions']} sessions, "
         f"mean prompt {ts['mean_input_tokens']:.0f} tokens; topology {mp.topology}; "
-        f"{len(plan.policies)} policies x feed {mp.engine_state} x load {loads}\n"
+        f"{len(plan.policies)} policies x feed {mp.engine_state} x load {loads}"
+        f"{_replicas_doc(plan.base)}\n"
     )
     progress = Progress(err, len(plan.runs()), enabled=not args.quiet)
     runs = run_sweep(
@@ -315,6 +347,13 @@ def run_matrix_cli(
         "seeds": list(plan.run_seeds),
         "runs": per_run,
     }
+    if plan.base.replicas > 1:
+        payload["replicas"] = {
+            "replicas": plan.base.replicas,
+            "lag_ms": plan.base.replica_lag_s * 1000 if plan.base.replica_sync else None,
+            "spread": plan.base.replica_spread,
+            "sync": plan.base.replica_sync,
+        }
     if len(plan.run_seeds) > 1:
         payload["averaged"] = summaries
     write_json(mp.out_dir / "results.json", payload)
@@ -359,6 +398,10 @@ def _plan(args: argparse.Namespace, trace_spec: str, command: str) -> MatrixPlan
         seed=args.seed,
         publisher_stall_s=args.publisher_stall_s if args.publisher_stall_s >= 0 else None,
         router_options=router_options,
+        replicas=getattr(args, "replicas", 1),
+        replica_lag_s=getattr(args, "replica_lag_ms", 50.0) / 1000.0,
+        replica_spread=getattr(args, "replica_spread", "round_robin"),
+        replica_sync=getattr(args, "replica_sync", "on") == "on",
     )
     seeds: tuple[int, ...] = ()
     if getattr(args, "seeds", None):
@@ -376,6 +419,13 @@ def _plan(args: argparse.Namespace, trace_spec: str, command: str) -> MatrixPlan
         jobs=max(1, getattr(args, "jobs", 1)),
     )
     return MatrixPlan(trace, plan, topology, engine, out_dir, args.engine_state)
+
+
+def _replicas_doc(cfg: SimConfig) -> str:
+    if cfg.replicas == 1:
+        return ""
+    sync = f"syncing with {cfg.replica_lag_s * 1000:g} ms lag" if cfg.replica_sync else "no sync"
+    return f"; {cfg.replicas} router replicas ({cfg.replica_spread}, {sync})"
 
 
 def _file_label(label: str) -> str:

@@ -18,11 +18,20 @@ Topologies:
   on D before anything runs; P's reservation ends when P's part is done (its
   one token), D's at the end; D's outcome is reported back with
   `Router.notify("admission", ...)`. Each Router sees only its own engines' feed.
+
+Replicas (aggregated, `SimConfig.replicas` > 1): that many Routers over the same
+engines, as `serve` replicas behind a load balancer. Each request is decided and
+served by one replica (round robin or at random), every event of it goes to that
+replica, and with sync on each replica's `ReplicaSync` outbox reaches the others
+`replica_lag_s` later through the simulation's event queue (`schedule`). Every
+replica polls the feed and reconciles for itself.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +39,7 @@ from agentic_common import EngineState
 from agentic_router._logs import JsonlLogs
 from agentic_router.engine_metrics import EngineMetrics
 from agentic_router.plugins import make_plugin_manager
+from agentic_router.replication import ReplicaEvent, ReplicaSync
 from agentic_router.router import Router
 from agentic_router.sim._config import SimConfig
 from agentic_router.sim._request import EngineMetricsSample, SimRequest
@@ -73,10 +83,31 @@ class RouterDriver:
             )
         else:
             self.n_prefill = 0
+            # replica i > 0 gets its own seed, so random choices are not in lockstep
             self.prefill = Router(
                 topo.decode, config.policy, config=base, plugin_manager=pm, clock=clock
             )
             self.decode = None
+        self.replicas = [self.prefill] + [
+            Router(
+                topo.decode,
+                config.policy,
+                config=replace(base, seed=config.seed + i),
+                plugin_manager=pm,
+                clock=clock,
+            )
+            for i in range(1, config.replicas)
+        ]
+        self.syncs: list[ReplicaSync] = []
+        if config.replicas > 1 and config.replica_sync:
+            self.syncs = [ReplicaSync(r, f"replica-{i}") for i, r in enumerate(self.replicas)]
+        self.replica_lag_s = config.replica_lag_s
+        self._spread_random = config.replica_spread == "random"
+        self._spread_rng = random.Random(config.seed)
+        self._owner: dict[str, int] = {}  # request id -> the replica that decided it
+        self.replica_requests = [0] * config.replicas
+        #: (delay, destination replica, events): set by the simulation to deliver later
+        self.schedule: Callable[[float, int, list[ReplicaEvent]], None] | None = None
         self.logs: JsonlLogs | None = None
         if config.log_dir is not None:
             self.logs = JsonlLogs(config.log_dir, clock=clock, background=False)
@@ -114,12 +145,15 @@ class RouterDriver:
             if self.logs is not None:
                 self.logs.decision(rr_d.request_id, req.session_id, d.to_log(), stage="decode")
         else:
-            decision = self.prefill.decide(rr)
+            replica = self._take(req.request_id)
+            router = self.replicas[replica]
+            decision = router.decide(rr)
             if decision.decode_worker is not None and decision.decode_worker != decision.worker:
                 decode = decision.decode_worker  # Mechanism B: decode moves, KV follows
             # as the proxy does: one reservation the core moves to the decode worker
             # when the prefill is done
-            self.prefill.add_request(rr, decision.worker, decode_worker=decode)
+            router.add_request(rr, decision.worker, decode_worker=decode)
+            self._flush(replica)
         worker = decision.worker
         mode = PD if decode is not None else AGGREGATED
         if self.logs is not None:
@@ -160,16 +194,20 @@ class RouterDriver:
             assert self.decode is not None
             self.decode.mark_prefill_completed(req.request_id + ":d")
         elif req.decode_worker is None:
-            self.prefill.mark_prefill_completed(req.request_id)
+            replica = self._owner.get(req.request_id, 0)
+            self.replicas[replica].mark_prefill_completed(req.request_id)
+            self._flush(replica)
         # Mechanism B: marked when the prefill finished on the home worker
 
     def prefill_done(self, req: SimRequest) -> None:
         """The prefill engine's part is over (its one token): its reservation ends."""
         rid = req.request_id + ":p" if self.pd else req.request_id
-        self.prefill.mark_prefill_completed(rid)
+        replica = self._owner.get(rid, 0)
+        self.replicas[replica].mark_prefill_completed(rid)
         if self.pd:
             self.prefill.free(rid)
             self._p_done.add(rid)
+        self._flush(replica)
 
     def transfer_done(self, req: SimRequest) -> None:
         """The decode engine has the KV (nothing for the Routers to do)."""
@@ -194,13 +232,65 @@ class RouterDriver:
                     reason="ok" if req.error is None else req.error,
                 )
         else:
-            self.prefill.free(req.request_id)
+            replica = self._owner.pop(req.request_id, 0)
+            self.replicas[replica].free(req.request_id)
+            self._flush(replica)
+
+    # -- replicas --------------------------------------------------------------------------
+
+    def _take(self, request_id: str) -> int:
+        """The replica that decides (and serves) this request."""
+        n = len(self.replicas)
+        if n == 1:
+            return 0
+        if self._spread_random:
+            replica = self._spread_rng.randrange(n)
+        else:
+            replica = sum(self.replica_requests) % n
+        self.replica_requests[replica] += 1
+        self._owner[request_id] = replica
+        return replica
+
+    def _flush(self, replica: int) -> None:
+        """Send the replica's new events to every other replica, `replica_lag_s` later."""
+        if not self.syncs or self.schedule is None:
+            return
+        events = self.syncs[replica].drain_outbox()
+        if events:
+            for other in range(len(self.syncs)):
+                if other != replica:
+                    self.schedule(self.replica_lag_s, other, events)
+
+    def deliver(self, replica: int, events: list[ReplicaEvent]) -> None:
+        """Another replica's events reach `replica` (the simulation calls this)."""
+        sync = self.syncs[replica]
+        for ev in events:
+            sync.apply(ev)
+
+    def replication(self) -> dict[str, Any] | None:
+        """What the replica sync did in this run (None for one replica)."""
+        if len(self.replicas) == 1:
+            return None
+        counts: Counter[str] = Counter()
+        for s in self.syncs:
+            counts.update(s.counts)
+        return {
+            "replicas": len(self.replicas),
+            "sync": bool(self.syncs),
+            "lag_s": self.replica_lag_s if self.syncs else None,
+            "spread": "random" if self._spread_random else "round_robin",
+            "requests_per_replica": list(self.replica_requests),
+            "events": dict(counts),
+            "remote_reservations_left": sum(s.remote_reservations() for s in self.syncs),
+        }
 
     # -- real state ------------------------------------------------------------------------
 
     def apply_engine_states(self, states: dict[str, EngineState]) -> None:
         if not self.pd:
-            self.prefill.apply_engine_states(states)
+            for i, router in enumerate(self.replicas):  # each replica reads the feed
+                router.apply_engine_states(states)
+                self._flush(i)  # a reconciled leak is a free
             return
         assert self.decode is not None
         p_names = set(self.names[: self.n_prefill])
@@ -218,18 +308,24 @@ class RouterDriver:
             assert self.decode is not None
             self.decode.reconcile_from_metrics(engine - self.n_prefill, metrics)
         else:
-            self.prefill.reconcile_from_metrics(engine, metrics)
+            for i, router in enumerate(self.replicas):
+                router.reconcile_from_metrics(engine, metrics)
+                self._flush(i)
 
     def anomalies(self) -> dict[str, int]:
-        out: Counter[str] = Counter(self.prefill.anomalies)
-        out.update(self.prefill.plugin_errors)
+        out: Counter[str] = Counter()
+        for router in self.replicas:
+            out.update(router.anomalies)
+            out.update(router.plugin_errors)
         if self.decode is not None:
             out.update(self.decode.anomalies)
             out.update(self.decode.plugin_errors)
         return dict(out)
 
     def snapshot(self) -> dict[str, Any]:
-        snap = {"prefill": self.prefill.snapshot()}
+        snap: dict[str, Any] = {"prefill": self.prefill.snapshot()}
+        if len(self.replicas) > 1:
+            snap["replicas"] = [r.snapshot() for r in self.replicas]
         if self.decode is not None:
             snap["decode"] = self.decode.snapshot()
         return snap

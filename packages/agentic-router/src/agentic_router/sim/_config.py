@@ -20,6 +20,8 @@ from agentic_router.sim._request import SimRequest
 #: of 8192 tokens attending over about 60k tokens of context on the default profile.
 DEFAULT_PUBLISHER_STALL_S: Final = 1.0
 
+REPLICA_SPREADS: Final = ("round_robin", "random")
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -89,6 +91,27 @@ class SimConfig:
     speedup: float = 1.0
     log_dir: Path | None = None
     router_options: dict[str, Any] = field(default_factory=dict)
+    #: router replicas over the same engines (docs/replicas.md): each request is decided
+    #: by one, its sequence events reach the others `replica_lag_s` later (ReplicaSync)
+    replicas: int = 1
+    replica_lag_s: float = 0.05
+    #: how requests are spread over the replicas: "round_robin" or "random"
+    replica_spread: str = "round_robin"
+    #: False: replicas do not sync (each sees only its own requests and the feed)
+    replica_sync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.replica_lag_s < 0:
+            raise ValueError(f"replica lag must be >= 0, got {self.replica_lag_s}")
+        if self.replica_spread not in REPLICA_SPREADS:
+            raise ValueError(
+                f"replica spread must be one of {', '.join(REPLICA_SPREADS)}, "
+                f"got {self.replica_spread!r}"
+            )
+        if self.replicas > 1 and self.topology.disaggregated:
+            raise ValueError("router replicas are simulated for aggregated topologies only")
 
     @property
     def label(self) -> str:
@@ -120,3 +143,5 @@ class RunResult:
     makespan_s: float
     wall_s: float
     router_anomalies: dict[str, int]
+    #: replicas > 1: what the replica sync did (events, lag, per-replica requests)
+    replication: dict[str, Any] | None = None

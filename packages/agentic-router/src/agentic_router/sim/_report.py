@@ -191,6 +191,8 @@ def summarise_run(run: RunResult) -> dict[str, Any]:
         "wall_s": run.wall_s,
         "sim_requests_per_wall_s": len(run.requests) / run.wall_s if run.wall_s > 0 else None,
     }
+    if run.replication is not None:
+        extra["replication"] = run.replication
     return summarise(
         records_from_run(run),
         label=cfg.label,

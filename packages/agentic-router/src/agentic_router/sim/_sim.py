@@ -43,8 +43,9 @@ _XFER: Final = 1
 _PUBLISH: Final = 2
 _POLL: Final = 3
 _RECONCILE: Final = 4
-_ARRIVE: Final = 5
-_SAMPLE: Final = 6
+_REPLICA: Final = 5  # another router replica's events arrive (SimConfig.replicas)
+_ARRIVE: Final = 6
+_SAMPLE: Final = 7
 
 
 def _chained(trace: Trace) -> list[tuple[int, ...]]:
@@ -92,6 +93,7 @@ class Simulation:
             for i, name in enumerate(topo.names)
         ]
         self.driver = RouterDriver(config, self.clock, trace.block_size)
+        self.driver.schedule = self._schedule_replica_events
         self.rng = random.Random(config.seed)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -165,6 +167,7 @@ class Simulation:
             _XFER: self._on_transfer_done,
             _RECONCILE: self._on_reconcile,
             _SAMPLE: self._on_sample,
+            _REPLICA: self._on_replica_events,
         }
         progress_every = max(1, total // 200)
         reported = self._done
@@ -188,6 +191,7 @@ class Simulation:
         if self.progress is not None:
             self.progress(self._done, total)
         if until is None:
+            self._drain_replica_events()
             self.driver.close()
         return self._result(time.perf_counter() - wall0)
 
@@ -231,6 +235,7 @@ class Simulation:
             makespan_s=self.now,
             wall_s=wall_s,
             router_anomalies=self.driver.anomalies(),
+            replication=self.driver.replication(),
         )
 
     def _on_sample(self, _: object = None) -> None:
@@ -375,6 +380,18 @@ class Simulation:
         self.feed_polls += 1
         self.driver.apply_engine_states(fresh)
         self._push(now + 1.0 / self.config.feed_hz, _POLL, None)
+
+    def _drain_replica_events(self) -> None:
+        """The run is over: replica events still in flight arrive, so what is left is a
+        leak, not the lag."""
+        for _, _, _, obj in sorted(e for e in self._heap if e[1] == _REPLICA):
+            self._on_replica_events(obj)
+
+    def _schedule_replica_events(self, delay: float, replica: int, events: list[Any]) -> None:
+        self._push(self.now + delay, _REPLICA, (replica, events))
+
+    def _on_replica_events(self, obj: tuple[int, list[Any]]) -> None:
+        self.driver.deliver(*obj)
 
     def _on_reconcile(self, _: object = None) -> None:
         self.reconciles += 1

@@ -64,6 +64,14 @@ def run_label(policy: str, feed: bool, load: float | None = None) -> str:
     return label if load is None else f"{label}@x{load:g}"
 
 
+def replica_suffix(cfg: SimConfig) -> str:
+    """`/4rep-50ms` (4 replicas syncing with a 50 ms lag), `/4rep-nosync`; "" for one."""
+    if cfg.replicas == 1:
+        return ""
+    sync = f"{cfg.replica_lag_s * 1000:g}ms" if cfg.replica_sync else "nosync"
+    return f"/{cfg.replicas}rep-{sync}"
+
+
 def log_dir_name(policy: str, feed: bool, load: float, sweeping: bool) -> str:
     name = f"{policy}-feed-{'on' if feed else 'off'}"
     return f"{name}-x{load:g}" if sweeping else name
@@ -129,6 +137,7 @@ def _task(plan: SweepPlan, point: LoadPoint, policy: str, feed: bool, seed: int)
         seed=seed,
     )
     label = run_label(policy, feed, point.factor if plan.sweeping else None)
+    label += replica_suffix(cfg)
     if several:
         label += f"#{seed}"
     return point.trace, cfg, label, point
