@@ -269,6 +269,7 @@ def test_events_applied_twice_or_echoed_change_nothing() -> None:
     assert [e.kind for e in events] == ["add", "home"]
     assert sb.apply(events[0])
     assert not sb.apply(events[1])  # the add already set that home
+    assert sb.counts["home_known"] == 1
     before = _load_by_engine(b)
     for ev in events:
         assert not sb.apply(ev)  # duplicate seq

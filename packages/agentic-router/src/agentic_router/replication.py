@@ -75,6 +75,7 @@ OWN: Final = "own_origin"
 DUPLICATE: Final = "duplicate"
 OUT_OF_ORDER: Final = "out_of_order"
 STALE: Final = "stale"  # a no-op: its request already moved on, or an older home
+KNOWN_HOME: Final = "home_known"  # a home event confirming what its add already said
 UNKNOWN_ENGINE: Final = "unknown_engine"
 MALFORMED: Final = "malformed"
 EXPIRED: Final = "expired"
@@ -395,7 +396,11 @@ class ReplicaSync:
             self.counts[UNKNOWN_ENGINE] += 1
             return False
         if ev.kind == HOME:
-            changed = ev.session_id is not None and self._apply_home(ev, worker)
+            sid = ev.session_id
+            if sid is not None and self._homes.get(sid) == (ev.ts, ev.origin, ev.engine_id):
+                self.counts[KNOWN_HOME] += 1
+                return False
+            changed = sid is not None and self._apply_home(ev, worker)
         else:
             rid = f"{_NS}{ev.origin}{_NS}{ev.request_id}"
             if ev.kind == ADD:
@@ -432,11 +437,7 @@ class ReplicaSync:
     def _apply_home(self, ev: ReplicaEvent, worker: int) -> bool:
         sid = ev.session_id
         assert sid is not None
-        if not self._newer_home(sid, ev) or self._homes.get(sid) == (
-            ev.ts,
-            ev.origin,
-            ev.engine_id,
-        ):
+        if not self._newer_home(sid, ev):
             return False
         self._set_home(sid, ev.ts, ev.origin, ev.engine_id)
         self.router.registry.bind_session(sid, worker, self.router.clock(), ev.prompt_tokens)
