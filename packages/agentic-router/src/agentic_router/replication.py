@@ -123,7 +123,15 @@ def encode(ev: ReplicaEvent) -> bytes:
             d["decode_engine_id"] = ev.decode_engine_id
         if ev.prefill_tokens is not None:
             d["prefill_tokens"] = ev.prefill_tokens
-    return orjson.dumps(d)
+    try:
+        return orjson.dumps(d)
+    except orjson.JSONEncodeError:
+        # a lone surrogate (a JSON body may carry one in a session id) is not UTF-8:
+        # replaced the same way in every event of the request, so ids still match
+        for k, v in d.items():
+            if isinstance(v, str):
+                d[k] = v.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return orjson.dumps(d)
 
 
 def _str(d: dict[str, Any], key: str, *, optional: bool = False, empty: bool = False) -> Any:
