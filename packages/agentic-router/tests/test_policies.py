@@ -101,6 +101,30 @@ def test_unified_keeps_a_warm_home_that_is_only_busier_by_count(
     assert (d.worker, d.reason) == (home, "home")
 
 
+@pytest.mark.parametrize(("other_sessions", "moves"), [(0, True), (3, False)])
+def test_unified_gate_margins_grow_with_the_kv_fill(
+    make_router: MakeRouter, make_request: MakeRequest, other_sessions: int, moves: bool
+) -> None:
+    # Home has 1 s of prefill queued; elsewhere the session re-prefills in 0.12 s. While
+    # the sessions' working set fits the KV (no other sessions) a move costs nothing
+    # later and the session moves; once three 50k-token sessions fill the 4 x 32k-token
+    # cache, the copy would evict them and the 1 s margin keeps the session home.
+    router = make_router(4, "unified", registry_capacity_tokens=32_768)
+    home = router.route(make_request(2048, session="s", prefix="s", request_id="t0")).worker
+    router.mark_prefill_completed("t0")
+    router.free("t0")
+    others = [w for w in range(4) if w != home]
+    for i in range(other_sessions):
+        rid = f"o{i}"
+        router.add_request(make_request(50_000, session=rid, request_id=rid), others[i])
+        router.mark_prefill_completed(rid)
+        router.free(rid)
+    router.add_request(make_request(20_000), home)
+    d = router.decide(make_request(2400, session="s", prefix="s"))
+    assert (d.worker != home) is moves
+    assert d.reason == ("home-overloaded" if moves else "home")
+
+
 def test_unified_new_sessions_spread(make_router: MakeRouter, make_request: MakeRequest) -> None:
     router = make_router(4, "unified")
     picks = [router.route(make_request(1000, session=f"s{i}")).worker for i in range(4)]

@@ -24,6 +24,7 @@ from agentic_router.cost import (
     imposed_delay,
     kv_wait,
     predicted_ttft,
+    queue_delay,
     work_ahead,
 )
 from agentic_router.hookspecs import hookimpl
@@ -206,6 +207,27 @@ class ImposedDelayScorer:
         return [w * d for d in imposed_delay(ctx.uncached_tokens, ctx.arrival_rates, self.model)]
 
 
+class QueueDelayScorer:
+    name = "queue_delay"
+    description = (
+        "seconds of waiting the request's own prefill adds to the requests that will queue "
+        "behind it on the worker (its arrival rate x prefill time x the time of the work "
+        "ahead)"
+    )
+
+    def __init__(self, model: TtftModel, weight: float) -> None:
+        self.model = model
+        self.weight = weight
+
+    def score(self, ctx: ScoringContext) -> Sequence[float]:
+        w = self.weight
+        if not w:
+            return [0.0] * len(ctx.candidates)
+        m, now = self.model, ctx.now
+        ahead = [work_ahead(s, m, now) for s in ctx.states]
+        return [w * d for d in queue_delay(ctx.uncached_tokens, ahead, ctx.arrival_rates, m)]
+
+
 class EvictionCostScorer:
     name = "eviction_cost"
     description = (
@@ -292,6 +314,21 @@ class SessionAffinity:
         return [-1.0 if c == home else 0.0 for c in ctx.candidates]
 
 
+def kv_fill(ctx: ScoringContext) -> float:
+    """The candidates' KV fill: the prompt tokens of their recently active sessions
+    (`working_sets`) over their prefix-cache capacity (1 with no capacity known)."""
+    cap = sum(ctx.cache_capacities)
+    return sum(ctx.working_sets) / cap if cap > 0 else 1.0
+
+
+def margin_scale(fill: float, floor: float) -> float:
+    """How much of the gate's margins apply at a KV fill: none up to `floor`, growing
+    linearly to all of them at a full KV."""
+    if floor >= 1.0:
+        return 1.0 if fill >= 1.0 else 0.0
+    return min(1.0, max(0.0, (fill - floor) / (1.0 - floor)))
+
+
 class GatedSessionAffinity:
     """Stay on the session's home (its cache) unless moving is clearly faster.
 
@@ -300,7 +337,14 @@ class GatedSessionAffinity:
     to re-prefill there, unless it holds it too). Home is left only when it is
     both `overload_factor` times slower and `min_ttft_gain_s` seconds slower, so
     a busy home with a warm cache keeps its session. A home whose cache hit is
-    below `min_cache_hit` has nothing to keep: the target scorer decides."""
+    below `min_cache_hit` has nothing to keep: the target scorer decides.
+
+    Both margins scale with the cluster's KV fill (`kv_fill`): a move copies the
+    session's prefix to its new worker, which costs nothing later while the
+    sessions' working set leaves the cluster's KV room (up to `fill_floor`, no
+    margins: move whenever faster), and evicts prefixes other sessions come back
+    for as it fills it (the margins grow linearly to their full values at a full
+    KV)."""
 
     name = "session_affinity_gated"
     description = (
@@ -316,12 +360,14 @@ class GatedSessionAffinity:
         min_gain_s: float,
         model: TtftModel,
         imposed_weight: float = 0.0,
+        fill_floor: float = 0.3,
     ) -> None:
         self.overload_factor = overload_factor
         self.min_cache_hit = min_cache_hit
         self.min_gain_s = min_gain_s
         self.model = model
         self.imposed_weight = imposed_weight
+        self.fill_floor = fill_floor
 
     def gate_costs(self, ctx: ScoringContext) -> Sequence[float]:
         """The per-candidate cost the gate compares (subclasses narrow it)."""
@@ -346,11 +392,9 @@ class GatedSessionAffinity:
         costs = self.gate_costs(ctx)
         best = min((c for k, c in enumerate(costs) if k != i), default=None)
         here = costs[i]
-        if (
-            best is not None
-            and here > self.overload_factor * best
-            and here - best >= self.min_gain_s
-        ):
+        k = margin_scale(kv_fill(ctx), self.fill_floor)
+        factor = 1.0 + (self.overload_factor - 1.0) * k
+        if best is not None and here > factor * best and here - best >= self.min_gain_s * k:
             # leaving because home is slower: the target must not be home again
             ctx.notes["reason"] = "home-overloaded"
             zeros[i] = 1.0
@@ -419,10 +463,15 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
         PredictedTtftScorer(model),
         KvWaitScorer(model),
         ImposedDelayScorer(model, config.imposed_delay_weight),
+        QueueDelayScorer(model, config.queue_delay_weight),
         EvictionCostScorer(model, config.eviction_cost_weight),
         SessionAffinity(),
         GatedSessionAffinity(
-            config.overload_factor, config.min_cache_hit, config.min_ttft_gain_s, model
+            config.overload_factor,
+            config.min_cache_hit,
+            config.min_ttft_gain_s,
+            model,
+            fill_floor=config.gate_fill_floor,
         ),
         MigrationTargetScorer(config.kv_wall_frac, model),
     ]
@@ -456,9 +505,15 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
         PolicySpec(
             "unified",
             "gated affinity: stay home unless another worker is clearly faster by predicted "
-            "TTFT (the move's re-prefill included) or home's cache hit is low; else the "
-            "migration target scorer (lowest predicted TTFT, avoiding a KV wall)",
-            (("session_affinity_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            "TTFT (the move's re-prefill included; the margins scale with the cluster's KV "
+            "fill) or home's cache hit is low; else the migration target scorer (lowest "
+            "predicted TTFT, avoiding a KV wall) plus the waiting the placement's prefill "
+            "adds to the requests queued behind it",
+            (
+                ("session_affinity_gated", AFFINITY_WEIGHT),
+                ("migration_target", 1.0),
+                ("queue_delay", 1.0),
+            ),
             tie_break=("uncached_tokens", "eff_num_requests"),
         ),
         PolicySpec(

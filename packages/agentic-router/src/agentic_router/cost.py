@@ -54,6 +54,7 @@ __all__ = [
     "imposed_delay",
     "kv_wait",
     "predicted_ttft",
+    "queue_delay",
     "stuck_s",
     "work_ahead",
 ]
@@ -165,6 +166,25 @@ def imposed_delay(
         t = u / rate
         out.append(lam * t * t / 2.0)
     return out
+
+
+def queue_delay(
+    uncached: Sequence[int],
+    ahead: Sequence[float],
+    arrival_rates: Sequence[float],
+    model: TtftModel,
+) -> list[float]:
+    """Seconds of waiting the request's own prefill adds to the requests that will queue
+    behind it on each worker: those arriving while the work ahead of it drains
+    (arrival rate x that work's time) each wait its prefill time t = uncached / rate
+    longer. Zero on a worker with nothing queued, it grows with the queue, so that a
+    cold re-prefill placed on a busy worker is charged for everyone it holds up, not
+    only for its own TTFT; on an idle cluster it is near zero."""
+    rate = model.prefill_tokens_per_s
+    return [
+        lam * (u / rate) * (a / rate)
+        for u, a, lam in zip(uncached, ahead, arrival_rates, strict=True)
+    ]
 
 
 def eviction_cost(

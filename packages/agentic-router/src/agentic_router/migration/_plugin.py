@@ -43,6 +43,7 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
             config.min_cache_hit,
             config.min_ttft_gain_s,
             TtftModel.of(config),
+            fill_floor=config.gate_fill_floor,
         ),
     ]
 
