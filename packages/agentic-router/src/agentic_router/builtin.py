@@ -321,12 +321,12 @@ def kv_fill(ctx: ScoringContext) -> float:
     return sum(ctx.working_sets) / cap if cap > 0 else 1.0
 
 
-def margin_scale(fill: float, floor: float) -> float:
+def margin_scale(fill: float, floor: float, full: float) -> float:
     """How much of the gate's margins apply at a KV fill: none up to `floor`, growing
-    linearly to all of them at a full KV."""
-    if floor >= 1.0:
-        return 1.0 if fill >= 1.0 else 0.0
-    return min(1.0, max(0.0, (fill - floor) / (1.0 - floor)))
+    linearly to all of them at `full`."""
+    if full <= floor:
+        return 1.0 if fill >= full else 0.0
+    return min(1.0, max(0.0, (fill - floor) / (full - floor)))
 
 
 class GatedSessionAffinity:
@@ -343,8 +343,9 @@ class GatedSessionAffinity:
     session's prefix to its new worker, which costs nothing later while the
     sessions' working set leaves the cluster's KV room (up to `fill_floor`, no
     margins: move whenever faster), and evicts prefixes other sessions come back
-    for as it fills it (the margins grow linearly to their full values at a full
-    KV)."""
+    for as it fills it (the margins grow linearly to their full values at
+    `fill_full`; the working set counts only each session's latest prompt, so the
+    KV is full before it reaches 1)."""
 
     name = "session_affinity_gated"
     description = (
@@ -361,6 +362,7 @@ class GatedSessionAffinity:
         model: TtftModel,
         imposed_weight: float = 0.0,
         fill_floor: float = 0.3,
+        fill_full: float = 0.6,
     ) -> None:
         self.overload_factor = overload_factor
         self.min_cache_hit = min_cache_hit
@@ -368,6 +370,7 @@ class GatedSessionAffinity:
         self.model = model
         self.imposed_weight = imposed_weight
         self.fill_floor = fill_floor
+        self.fill_full = fill_full
 
     def gate_costs(self, ctx: ScoringContext) -> Sequence[float]:
         """The per-candidate cost the gate compares (subclasses narrow it)."""
@@ -392,7 +395,7 @@ class GatedSessionAffinity:
         costs = self.gate_costs(ctx)
         best = min((c for k, c in enumerate(costs) if k != i), default=None)
         here = costs[i]
-        k = margin_scale(kv_fill(ctx), self.fill_floor)
+        k = margin_scale(kv_fill(ctx), self.fill_floor, self.fill_full)
         factor = 1.0 + (self.overload_factor - 1.0) * k
         if best is not None and here > factor * best and here - best >= self.min_gain_s * k:
             # leaving because home is slower: the target must not be home again
@@ -472,6 +475,7 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
             config.min_ttft_gain_s,
             model,
             fill_floor=config.gate_fill_floor,
+            fill_full=config.gate_fill_full,
         ),
         MigrationTargetScorer(config.kv_wall_frac, model),
     ]

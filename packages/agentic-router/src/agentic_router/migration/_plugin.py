@@ -44,6 +44,7 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
             config.min_ttft_gain_s,
             TtftModel.of(config),
             fill_floor=config.gate_fill_floor,
+            fill_full=config.gate_fill_full,
         ),
     ]
 
