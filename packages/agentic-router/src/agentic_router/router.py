@@ -82,12 +82,13 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pluggy
 
 from agentic_common import EngineState
+from agentic_router._replica_apply import ReplicaApply, SequenceSink
 from agentic_router._worker_changes import WorkerChanges
 from agentic_router._worker_table import WorkerTable
 from agentic_router.decision import Decision, DecisionTrace
@@ -105,10 +106,6 @@ from agentic_router.state import (
 from agentic_router.types import Clock, RouterConfig, RouterEvent, RoutingRequest
 
 __all__ = ["Router", "SequenceSink"]
-
-#: Sees every AddRequest / MarkPrefillCompleted / Free this Router applied for its own
-#: requests, right after it was applied: (kind, entry, now, the add's block hashes)
-SequenceSink = Callable[[str, SequenceEntry, float, Sequence[int]], None]
 
 log = logging.getLogger("agentic_router")
 
@@ -130,7 +127,7 @@ def _default_engine_map(n: int) -> dict[str, int]:
     return {f"engine_{i}": i for i in range(n)}
 
 
-class Router(WorkerChanges):
+class Router(WorkerChanges, ReplicaApply):
     """See the module docstring for the API (run-time worker changes: WorkerChanges)."""
 
     def __init__(
@@ -510,67 +507,6 @@ class Router(WorkerChanges):
             self.pm.hook.agentic_router_event(router=self, event=event)
         except Exception:
             self._errors.record("hook:agentic_router_event", "agentic_router_event hook")
-
-    # -- replica sync (agentic_router.replication) --------------------------------------
-    def set_sequence_sink(self, sink: SequenceSink | None) -> None:
-        """Send this Router's own sequence events to `sink` (one at a time; None: off)."""
-        self._sink = sink
-
-    def apply_replica_add(
-        self,
-        request_id: str,
-        worker: int,
-        *,
-        session_id: str | None,
-        prompt_tokens: int,
-        block_hashes: Sequence[int],
-        block_size: int,
-        prefill_tokens: int | None,
-        decode_worker: int | None = None,
-        bind_session: bool = True,
-    ) -> bool:
-        """Another replica's AddRequest: reserved and projected like one of ours, but
-        not echoed to the sink, the decode selector or the event hook (they describe
-        this Router's own requests). False if the id is already active."""
-        now = self.clock()
-        entry = self.state.add_request(
-            request_id,
-            worker,
-            session_id=session_id,
-            prompt_tokens=prompt_tokens,
-            block_hashes=block_hashes,
-            block_size=block_size,
-            now=now,
-            decode_worker=decode_worker,
-            prefill_tokens=prefill_tokens,
-            bind_session=bind_session,
-        )
-        if entry is None:
-            return False
-        self._track(entry.worker, now)
-        # a decision the fleet made: the rotation tie-break counts the fleet's decisions,
-        # so replicas spread new sessions as one router does, not each from worker 0
-        self._seq += 1
-        return True
-
-    def apply_replica_prefill_completed(self, request_id: str) -> bool:
-        """Another replica's MarkPrefillCompleted (not echoed; see apply_replica_add)."""
-        now = self.clock()
-        entry = self.state.mark_prefill_completed(request_id, now)
-        if entry is None:
-            return False
-        self._track(entry.worker, now)
-        if entry.prefill_worker is not None:
-            self._track(entry.prefill_worker, now)
-        return True
-
-    def apply_replica_free(self, request_id: str, *, reason: str | None = None) -> bool:
-        """Another replica's Free, or its reservation expired (not echoed)."""
-        entry = self.state.free(request_id, reason=reason)
-        if entry is None:
-            return False
-        self._track(entry.worker, self.clock())
-        return True
 
     # -- real state -------------------------------------------------------------------
     def apply_engine_states(self, states: Mapping[str, EngineState]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_router.server._upstream import SseEvents
+from agentic_router.server._sse import SseEvents
 
 _EVENTS = [
     b'data: {"choices":[{"text":" a"}]}\n\n',

@@ -14,7 +14,7 @@ It raises `EngineFailure` only while nothing has reached the client, so a
 retry is always safe; after that, errors go in-band (an SSE error event).
 What an engine sends is checked before it is relayed: a 200 body must be a
 JSON object, a stream must be well-formed SSE that ends with `[DONE]`
-(`SseEvents`); anything else is that engine's failure (docs/operations.md).
+(`SseEvents`, in `_sse`); anything else is that engine's failure (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 from typing import Final
 
@@ -38,6 +37,7 @@ from agentic_router.server._accounting import (
 )
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._parse import RESPONSES, error_body
+from agentic_router.server._sse import response_id_of, sse_events
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
@@ -155,142 +155,6 @@ async def stream_error(out: web.StreamResponse, tail: bytes, status: int, messag
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
         await out.write(prefix + event)
         await out.write_eof()
-
-
-class SseEvents:
-    """An engine's SSE stream, cut into whole events and checked, so the proxy relays
-    only well-formed events and can tell a complete stream from a torn one.
-
-    An event is well-formed when each of its lines is a comment or an SSE field
-    (`data`, `event`, `id`, `retry`) and its data, if any, is a JSON object
-    (`{...}`: checked by its ends, not parsed, to keep per-token cost flat) or
-    `[DONE]`. (The ends check misses one case a parse would catch: a torn event
-    fused with the next one into `{...}`.) A stream is complete when `[DONE]`
-    came. An event that never ends within `max_event_bytes` is garbage too (the
-    bytes held back are bounded). A chunk that is one whole `data: {...}` event,
-    the usual case, is accepted without looking at its lines (0.5 us against
-    about 5 us for the line-by-line check, measured here)."""
-
-    __slots__ = ("_rest", "done", "ends", "keep", "kept", "max_event_bytes", "problem")
-
-    def __init__(
-        self,
-        max_event_bytes: int = 1 << 20,
-        *,
-        ends: frozenset[bytes] = frozenset(),
-        keep: bytes | None = None,
-    ) -> None:
-        self._rest = b""
-        self.done = False  # `data: [DONE]`, or an event named in `ends`, seen
-        self.problem = ""  # why the stream is garbage (set when feed/finish return None)
-        self.max_event_bytes = max_event_bytes
-        # A Responses stream has no [DONE]: it ends with one of these events
-        # (`event: response.completed`, ...). The data of the first event named
-        # `keep` is kept in `kept` (the answer's id is in `response.created`).
-        self.ends = ends
-        self.keep = keep
-        self.kept: bytes | None = None
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The whole, well-formed events that `chunk` completes, to relay (b"" if
-        none yet). At the first malformed one, `problem` says what, and nothing
-        from there on is ever returned."""
-        if self.problem:
-            return b""
-        if (  # the common case, one whole event per chunk: checked in C, not line by line
-            not self._rest
-            and chunk.startswith(b"data: {")
-            and chunk.endswith(b"}\n\n")
-            and chunk.count(b"\n") == 2
-        ):
-            return chunk
-        data = self._rest + chunk if self._rest else chunk
-        cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
-        if cut < 0:
-            self._rest = data
-            if len(data) > self.max_event_bytes:
-                self.problem = f"no event boundary in {len(data)} bytes"
-                self._rest = b""
-            return b""
-        end = cut + (2 if data[cut + 1 : cut + 2] == b"\n" else 3)
-        ready, self._rest = data[:end], data[end:]
-        start = 0
-        for boundary in _EVENT_END.finditer(ready):
-            if boundary.start() > start and not self._check(ready[start : boundary.start()]):
-                self._rest = b""
-                return ready[:start]
-            start = boundary.end()
-        return ready
-
-    def finish(self) -> bytes:
-        """At the end of the stream: a last event that came without its blank line,
-        if well-formed (else `problem` says what)."""
-        rest, self._rest = self._rest, b""
-        if self.problem or not rest.strip():
-            return b""
-        return rest if self._check(rest.strip()) else b""
-
-    def _check(self, event: bytes) -> bool:
-        data: list[bytes] = []
-        kind = b""
-        for line in event.splitlines():
-            if not line or line.startswith(b":"):
-                continue
-            name, colon, value = line.partition(b":")
-            if not colon or name not in _SSE_FIELDS:
-                self.problem = f"not an SSE line: {line[:40]!r}"
-                return False
-            if name == b"data":
-                data.append(value[1:] if value.startswith(b" ") else value)
-            elif name == b"event":
-                kind = value.strip()
-        if not data:
-            return True
-        payload = b"\n".join(data).strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return True
-        if payload.startswith(b"{") and payload.endswith(b"}"):
-            if kind and kind in self.ends:
-                self.done = True
-            if kind and kind == self.keep and self.kept is None:
-                self.kept = payload
-            return True
-        self.problem = f"event data is not a JSON object: {payload[:40]!r}"
-        return False
-
-
-_EVENT_END: Final = re.compile(rb"\r?\n\r?\n")
-_SSE_FIELDS: Final = frozenset({b"data", b"event", b"id", b"retry"})
-
-
-#: the events that end a Responses stream (it has no [DONE]), and the one naming the answer
-RESPONSE_ENDS: Final = frozenset(
-    {b"response.completed", b"response.incomplete", b"response.failed"}
-)
-RESPONSE_CREATED: Final = b"response.created"
-
-
-def sse_events(kind: str) -> SseEvents:
-    """The stream checker for a request of `kind` (a Responses stream ends its own way)."""
-    if kind == RESPONSES:
-        return SseEvents(ends=RESPONSE_ENDS, keep=RESPONSE_CREATED)
-    return SseEvents()
-
-
-def response_id_of(answer: bytes | None, *, event: bool = False) -> str | None:
-    """The id of a Responses answer (`{"id": ...}`), or of the response a stream
-    event carries (`{"response": {"id": ...}}`); None when it has none."""
-    if answer is None:
-        return None
-    try:
-        node = json.loads(answer)
-    except (ValueError, RecursionError):
-        return None
-    if event:
-        node = node.get("response") if isinstance(node, dict) else None
-    ident = node.get("id") if isinstance(node, dict) else None
-    return ident if isinstance(ident, str) and ident else None
 
 
 class TooLarge(Exception):

@@ -47,6 +47,9 @@ from typing import Any, Final, Literal
 import aiohttp
 from aiohttp import web
 
+from agentic_router.server.testing._fake_handshakes import Handshakes
+from agentic_router.server.testing._fake_openai import OpenAIExtras, error, prompt_text
+
 Flavor = Literal["vllm", "sglang"]
 Role = Literal["both", "prefill", "decode"]
 
@@ -76,12 +79,6 @@ class Faults:
     kv_wait_timeout_s: float = 5.0  # decode: how long to wait for the prefill's KV
 
 
-def _prompt_text(body: dict[str, Any]) -> str:
-    if "messages" in body:
-        return json.dumps(body.get("messages"), sort_keys=True)
-    return json.dumps(body.get("prompt"), sort_keys=True)
-
-
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -90,7 +87,7 @@ def _count_prompt_tokens(body: dict[str, Any]) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
-    return max(1, len(_prompt_text(body)) // 4)
+    return max(1, len(prompt_text(body)) // 4)
 
 
 def free_socket(host: str = "127.0.0.1") -> socket.socket:
@@ -102,7 +99,7 @@ def free_socket(host: str = "127.0.0.1") -> socket.socket:
     return sock
 
 
-class FakeEngine:
+class FakeEngine(OpenAIExtras, Handshakes):
     """One fake engine server on 127.0.0.1 (a random free port).
 
     `flavor` picks the wire dialect (vllm / sglang); `role` the P/D role.
@@ -225,19 +222,19 @@ class FakeEngine:
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "body is not JSON")
+            return error(400, "body is not JSON")
         if not isinstance(body, dict):
-            return _error(400, "body must be an object")
+            return error(400, "body must be an object")
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):
             # a real engine validates its request model: a client's bad field is a 400
-            return _error(400, "'stream_options' must be an object")
+            return error(400, "'stream_options' must be an object")
         chat = request.path.endswith("/chat/completions")
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append({"path": request.path, "headers": headers, "body": body})
         model = body.get("model")
         if self.strict_models and model is not None and model not in self.models:
-            return _error(404, f"The model `{model}` does not exist.")
+            return error(404, f"The model `{model}` does not exist.")
         faulty = await self._faulty(request, body)
         if faulty is not None:
             return faulty
@@ -268,7 +265,7 @@ class FakeEngine:
         if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
             if f.fail_count is not None:
                 f.fail_count -= 1
-            return _error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
+            return error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
         if f.hang:
             await asyncio.sleep(3600)
         if f.body is None:
@@ -288,7 +285,7 @@ class FakeEngine:
     async def _answer(
         self, request: web.Request, body: dict[str, Any], chat: bool
     ) -> web.StreamResponse:
-        digest = _digest(_prompt_text(body))
+        digest = _digest(prompt_text(body))
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         n_tokens = self._n_tokens(body)
         kv_params = body.get("kv_transfer_params")
@@ -296,7 +293,7 @@ class FakeEngine:
         if self.flavor == "vllm" and isinstance(kv_params, dict):
             if kv_params.get("do_remote_decode"):
                 if body.get("stream") or n_tokens != 1:
-                    return _error(400, "remote-decode prefill needs stream=false, max_tokens=1")
+                    return error(400, "remote-decode prefill needs stream=false, max_tokens=1")
                 kv_out = {
                     "do_remote_prefill": True,
                     "do_remote_decode": False,
@@ -310,15 +307,15 @@ class FakeEngine:
             elif kv_params.get("do_remote_prefill"):
                 problem = await self._pull_vllm_kv(kv_params, digest)
                 if problem:
-                    return _error(500, problem)
+                    return error(500, problem)
         if self.flavor == "sglang" and self.role in ("prefill", "decode"):
             room = body.get("bootstrap_room")
             if not isinstance(room, int) or "bootstrap_host" not in body:
-                return _error(400, "disaggregated server needs bootstrap_host/port/room")
+                return error(400, "disaggregated server needs bootstrap_host/port/room")
             if self.role == "decode":
                 problem = await self._wait_sglang_room(body, digest)
                 if problem:
-                    return _error(500, problem)
+                    return error(500, problem)
             else:
                 n_tokens = 1
         await asyncio.sleep(self.faults.first_token_delay_s)
@@ -399,96 +396,6 @@ class FakeEngine:
         await resp.write_eof()
         return resp
 
-    # ---- the Responses API ----
-
-    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        """A Responses answer. Like vLLM, the stored responses live in this server
-        only: continuing one it does not hold is a 404."""
-        previous = body.get("previous_response_id")
-        if previous is not None and previous not in self.stored:
-            return _error(404, f"Response with id '{previous}' not found.")
-        await asyncio.sleep(self.faults.first_token_delay_s)
-        ident = "resp_" + uuid.uuid4().hex
-        if body.get("store", True) is not False:
-            self.stored[ident] = previous
-        tokens = [f" t{i}" for i in range(self._n_tokens(body))]
-        n_in = max(1, len(json.dumps(body.get("input"))) // 4)
-        done: dict[str, Any] = {
-            "id": ident,
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": self.model,
-            "status": "completed",
-            "previous_response_id": previous,
-            "output": [
-                {
-                    "type": "message",
-                    "id": "msg_" + uuid.uuid4().hex,
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [
-                        {"type": "output_text", "text": "".join(tokens), "annotations": []}
-                    ],
-                }
-            ],
-            "usage": {
-                "input_tokens": n_in,
-                "output_tokens": len(tokens),
-                "total_tokens": n_in + len(tokens),
-            },
-        }
-        if not body.get("stream"):
-            return web.json_response(done)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
-        events: list[dict[str, Any]] = [
-            {
-                "type": "response.created",
-                "response": {**done, "status": "in_progress", "output": []},
-            }
-        ]
-        events += [
-            {"type": "response.output_text.delta", "output_index": 0, "delta": tok}
-            for tok in tokens
-        ]
-        events.append({"type": "response.completed", "response": done})
-        frames = [
-            f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n".encode()
-            for i, e in enumerate(events)
-        ]
-        return await self._send(request, resp, frames)
-
-    # ---- embeddings, tokenize, detokenize ----
-
-    def _embeddings(self, body: dict[str, Any]) -> dict[str, Any]:
-        given = body.get("input")
-        inputs = given if isinstance(given, list) else [given]
-        data = []
-        for i, item in enumerate(inputs):
-            digest = hashlib.sha256(json.dumps(item).encode()).digest()
-            vector = [round(b / 255, 4) for b in digest[:8]]
-            data.append({"object": "embedding", "index": i, "embedding": vector})
-        n = sum(max(1, len(json.dumps(item)) // 4) for item in inputs)
-        return {
-            "object": "list",
-            "data": data,
-            "model": self.model,
-            "usage": {"prompt_tokens": n, "total_tokens": n},
-        }
-
-    def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        text = body["prompt"] if isinstance(body.get("prompt"), str) else _prompt_text(body)
-        tokens = [ord(c) for c in text]  # one token per character
-        return {
-            "count": len(tokens),
-            "max_model_len": self.max_model_len,
-            "tokens": tokens,
-            "token_strs": None,
-        }
-
-    def _detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"prompt": "".join(chr(t) for t in body.get("tokens") or [])}
-
     def _id(self, chat: bool) -> str:
         if self.flavor == "sglang":
             return uuid.uuid4().hex
@@ -539,65 +446,6 @@ class FakeEngine:
             choice["stop_reason"] = None
             out["kv_transfer_params"] = kv
         return out
-
-    # ---- the two P/D handshakes ----
-
-    async def _pull_vllm_kv(self, params: dict[str, Any], digest: str) -> str | None:
-        assert self._session is not None
-        host, port, rid = (
-            params.get("remote_host"),
-            params.get("remote_port"),
-            params.get("remote_request_id"),
-        )
-        if not (host and port and rid):
-            return f"incomplete kv_transfer_params: {params}"
-        try:
-            async with self._session.get(f"http://{host}:{port}/_fake/kv/{rid}") as r:
-                if r.status != 200:
-                    return f"KV pull from {host}:{port} for {rid} failed: {r.status}"
-                got = (await r.json())["digest"]
-        except aiohttp.ClientError as exc:
-            return f"KV pull from {host}:{port} failed: {exc!r}"
-        if got != digest:
-            return "KV transferred for a different prompt"
-        self.kv_pulls += 1
-        return None
-
-    async def _kv_side_channel(self, request: web.Request) -> web.Response:
-        digest = self._kv.pop(request.match_info["rid"], None)
-        if digest is None:
-            return _error(404, "no such KV")
-        return web.json_response({"digest": digest})
-
-    async def _wait_sglang_room(self, body: dict[str, Any], digest: str) -> str | None:
-        assert self._session is not None
-        url = (
-            f"http://{body['bootstrap_host']}:{body['bootstrap_port']}"
-            f"/_fake/room/{body['bootstrap_room']}"
-        )
-        deadline = time.monotonic() + self.faults.kv_wait_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                async with self._session.get(url) as r:
-                    if r.status == 200:
-                        if (await r.json())["digest"] != digest:
-                            return "KV transferred for a different prompt"
-                        self.kv_pulls += 1
-                        return None
-            except aiohttp.ClientError as exc:
-                return f"bootstrap server {url} unreachable: {exc!r}"
-            await asyncio.sleep(0.005)
-        return f"KV for room {body['bootstrap_room']} never arrived"
-
-    async def _bootstrap_room(self, request: web.Request) -> web.Response:
-        try:
-            room = int(request.match_info["room"])
-        except ValueError:
-            return _error(400, "bad room")
-        digest = self._rooms.pop(room, None)
-        if digest is None:
-            return _error(404, "room not ready")
-        return web.json_response({"digest": digest})
 
     # ---- the other endpoints ----
 
@@ -722,13 +570,6 @@ def _bind(host: str, port: int) -> socket.socket:
 def _abort(request: web.Request) -> None:
     if request.transport is not None:
         request.transport.abort()
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response(
-        {"object": "error", "message": message, "type": "BadRequestError", "code": status},
-        status=status,
-    )
 
 
 def refused_url() -> str:
