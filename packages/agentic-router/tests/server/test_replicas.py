@@ -307,6 +307,35 @@ def test_a_replica_killed_mid_load_leaves_no_reservation_behind(
     run(main())
 
 
+def test_a_replica_that_stalled_past_its_heartbeat_is_counted_again(
+    redis_uri: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with (
+            _engines(2, first_token_delay_s=3600.0) as engines,
+            _fleet(2, engines, redis_uri, tmp_path, "--replica-heartbeat-ttl-s", "1") as replicas,
+            aiohttp.ClientSession() as http,
+        ):
+            held = _held_requests(http, replicas, 4)
+            await eventually(lambda: sum(e.inflight for e in engines) == 4, "all 4 held")
+            await _converged(http, replicas, engines, set(held))
+            replicas[1].proc.send_signal(signal.SIGSTOP)  # alive, but silent
+            gone = "agentic_router_replica_reservations_forgotten_total{reason=peer_gone}"
+
+            async def forgotten() -> bool:
+                return (await _metrics(http, replicas[0])).get(gone) == 2
+
+            await _until(forgotten, "the silent replica's reservations were forgotten")
+            replicas[1].proc.send_signal(signal.SIGCONT)
+            # its heartbeat lapsed: it sends its live reservations again
+            await _converged(http, replicas, engines, set(held))
+            await _cancel(held)
+            await _converged(http, replicas, engines, set())
+
+    run(main())
+
+
 def test_killing_and_restarting_redis_loses_no_request(
     redis_server: RedisServer,  # noqa: F811
     redis_uri: str,  # noqa: F811

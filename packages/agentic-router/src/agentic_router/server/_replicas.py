@@ -438,6 +438,7 @@ class ReplicaLink:
     async def _publish_loop(self) -> None:
         delay = 0.0
         next_beat = 0.0
+        last_beat: float | None = None
         next_expire = time.monotonic() + 1.0
         while True:
             await asyncio.sleep(delay or PUBLISH_PERIOD_S)
@@ -454,8 +455,13 @@ class ReplicaLink:
                 log.exception("replica sync: draining the outbox failed")
             try:
                 if now >= next_beat:
+                    if last_beat is not None and now - last_beat > self.heartbeat_ttl_s:
+                        # our heartbeat lapsed (a stalled loop, failed writes): the
+                        # others may have forgotten us, so tell them all again
+                        self._dirty = True
                     await self._heartbeat()
-                    next_beat = time.monotonic() + self.heartbeat_ttl_s / 3
+                    last_beat = now = time.monotonic()
+                    next_beat = now + self.heartbeat_ttl_s / 3
                 while (self._queue or self._dirty) and self._joined:
                     await self._flush()
             except Exception as exc:
