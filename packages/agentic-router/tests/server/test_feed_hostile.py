@@ -20,7 +20,7 @@ import pytest
 
 from agentic_common import DropReason, open_writer
 from agentic_common.testing import free_port, make_state, redis_server, redis_uri  # noqa: F401
-from agentic_router import Router, RoutingRequest, StateFeed
+from agentic_router import Router, RouterConfig, RoutingRequest, StateFeed
 from agentic_router.server.testing import FakeEngine, refused_url, running_router
 
 from .conftest import config, serve
@@ -128,7 +128,10 @@ def test_the_migration_target_scorer_never_sees_an_impossible_number(tmp_path: P
     state = tmp_path / "state"
     state.mkdir()
     now = time.time()
-    router = Router(["w0", "w1", "w2"], "unified_v3", clock=time.time)
+    # the gate's full margins even on this near-empty cluster, so the session stays
+    # home and the decode selector (the scorer under test) runs
+    full_margins = RouterConfig(gate_fill_floor=0.0, gate_fill_full=1e-9)
+    router = Router(["w0", "w1", "w2"], "unified_v3", config=full_margins, clock=time.time)
     for i in range(3):
         raw = make_state(f"engine_{i}", ts=now, num_running=4, num_decoding=4).to_json()
         if i == 1:
