@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -391,6 +392,24 @@ def test_a_large_pool_record_lists_the_best_and_sums_up_the_rest(
     assert omitted["total_max"] == max(rest, default=None)
     dropped = [c["filtered_by"] for w, c in full.items() if w not in names and c["filtered_by"]]
     assert sum(omitted["filtered_by"].values()) == len(dropped)
+
+
+def test_a_renumbered_decision_still_lists_its_chosen_worker_and_home(
+    make_router: MakeRouter, make_request: MakeRequest
+) -> None:
+    """A P/D proxy renumbers a pool's Decision to its global slots (a pool that does
+    not start at slot 0): the record must keep the chosen worker and the home as the
+    candidates number them, not whichever candidates carry the global numbers."""
+    workers = 40
+    router = make_router(workers, "unified")
+    for i in range(120):
+        router.route(make_request(500 + 37 * i, session=f"s{i % 7}"))
+    d = router.decide(make_request(800, session="s3"))
+    assert d.home is not None
+    moved = dataclasses.replace(d, worker=d.worker + workers, home=d.home + workers)
+    names = {c["worker"] for c in moved.to_log()["candidates"]}
+    assert {d.worker, d.home} <= names
+    assert moved.cached_prompt_tokens() == d.cached_prompt_tokens()
 
 
 def test_a_small_pool_record_lists_every_candidate(

@@ -56,7 +56,7 @@ class CandidateScore:
 class DecisionTrace:
     """What a decision saw, kept so the candidate records are built only when read."""
 
-    __slots__ = ("ctx", "dropped", "parts", "records", "totals")
+    __slots__ = ("chosen", "ctx", "dropped", "parts", "records", "totals")
 
     def __init__(
         self,
@@ -64,11 +64,15 @@ class DecisionTrace:
         totals: list[float],
         parts: dict[str, list[float]],
         dropped: list[tuple[int, InstanceState, str]],
+        chosen: tuple[int, int | None, int | None],
     ) -> None:
         self.ctx = ctx
         self.totals = totals
         self.parts = parts
         self.dropped = dropped
+        #: the decision's worker, home and decode worker as the candidates number them
+        #: (a P/D proxy renumbers the Decision's own fields to its global slots)
+        self.chosen = chosen
         self.records: tuple[CandidateScore, ...] | None = None
 
     def build(self) -> tuple[CandidateScore, ...]:
@@ -110,12 +114,6 @@ class DecisionTrace:
         out.sort(key=lambda c: c.worker)
         self.records = tuple(out)
         return self.records
-
-    def log_dicts(self) -> list[dict[str, Any]]:
-        """`[c.to_dict() for c in self.build()]`, built straight as dicts: a decision
-        record at 256 workers is 256 of them, and the dataclasses in between cost
-        as much again as the dicts."""
-        return self.log_record()[0]
 
     def log_record(
         self, keep: tuple[int | None, ...] = (), limit: int | None = None
@@ -217,15 +215,12 @@ class Decision:
     def cached_prompt_tokens(self) -> int | None:
         """Prompt tokens the router's prefix registry held on the chosen worker when it
         decided (its expected prefix-cache hit); None when the decision has no trace
-        or the worker was not a scored candidate. Call it before `worker` is renumbered."""
+        or the worker was not a scored candidate."""
         if self._trace is None:
             return None
         ctx = self._trace.ctx
-        try:
-            i = ctx.candidates.index(self.worker)
-        except ValueError:
-            return None
-        return int(ctx.cached_tokens[i])
+        i = ctx.index_of(self._trace.chosen[0])
+        return None if i is None else int(ctx.cached_tokens[i])
 
     def to_log(self) -> dict[str, Any]:
         """The routing-decisions.jsonl record. Up to LOG_ALL_CANDIDATES candidates
@@ -248,9 +243,7 @@ class Decision:
         if self._trace is None:
             record["candidates"] = []
             return record
-        listed, omitted = self._trace.log_record(
-            (self.worker, self.home, self.decode_worker), LOG_ALL_CANDIDATES
-        )
+        listed, omitted = self._trace.log_record(self._trace.chosen, LOG_ALL_CANDIDATES)
         record["candidates"] = listed
         if omitted is not None:
             record["candidates_omitted"] = omitted

@@ -329,7 +329,7 @@ class Router(WorkerChanges, ReplicaApply):
             ts=now,
             home=home,
             notes=notes,
-            _trace=DecisionTrace(ctx, totals, parts, dropped),
+            _trace=DecisionTrace(ctx, totals, parts, dropped, (worker, home, decode_worker)),
         )
         self._undecided = (req.request_id, decision)
         try:
