@@ -175,11 +175,6 @@ class RoutingCore:
     def retired(self, slot: int) -> bool:
         return self._slot_pool[slot].router.workers.retired(self._slot_worker[slot])
 
-    def reserved(self, slot: int) -> int:
-        """Requests the router holds reserved on the engine now."""
-        pool = self._slot_pool[slot]
-        return pool.router.state.active.load(self._slot_worker[slot]).num_requests
-
     def _feed_engines_changed(self, pool: Pool) -> None:
         feed = pool.feed
         if isinstance(feed, StateFeed):
