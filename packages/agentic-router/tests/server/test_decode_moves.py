@@ -210,3 +210,34 @@ def test_metrics_leave_out_thrash_guards_for_policies_without_them() -> None:
             assert "agentic_router_reprefill_tokens_total" not in text
 
     run(main())
+
+
+def test_a_responses_chain_is_not_moved_and_each_turn_finds_its_stored_response() -> None:
+    """A Responses request is not a completion: the prefill half of the handshake
+    would make the prefill engine store a whole answer while the client gets the
+    decode engine's. Mechanism B leaves it on one engine, and the chain follows the
+    engine that stored each turn."""
+
+    async def main() -> None:
+        plugin = _Plugin(target=1)
+        pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+        a = FakeEngine("vllm", engine_id="A")
+        b = FakeEngine("vllm", engine_id="B")
+        cfg = config(engines=[a.url, b.url], policy="pin_prefill_0_move_decode")
+        async with a, b, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
+            previous = None
+            for turn in range(4):
+                body: dict[str, Any] = {"model": "tiny", "input": f"turn {turn}"}
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                async with s.post(r.url + "/v1/responses", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    previous = (await resp.json())["id"]
+            assert a.kv_pulls == b.kv_pulls == 0
+            assert len(a.stored) + len(b.stored) == 4
+            text = await (await s.get(r.url + "/metrics")).text()
+            # the selector asked for a move (worker 1) at least on the first turn
+            assert "agentic_router_decode_moves_ignored_total 0" not in text
+            assert "agentic_router_decode_moves_ignored_total" in text
+
+    run(main())

@@ -28,6 +28,7 @@ from agentic_router.server._accounting import (
     admission_reason,
 )
 from agentic_router.server._handoff import SideFailure, handoff
+from agentic_router.server._parse import RESPONSES
 from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
 
 
@@ -50,8 +51,10 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
         decode = decision.decode_worker
         if decode is not None and decode != worker and decode not in tried | refused | ctx.excluded:
             # Mechanism B: prefill here, decode on another engine (KV moves over
-            # the engines' connector, with the vLLM handshake).
-            if config.pd_protocol == "vllm":
+            # the engines' connector, with the vLLM handshake). Not for a Responses
+            # request: its answer is stored where it is generated, and the prefill
+            # half would store one on the prefill engine too.
+            if config.pd_protocol == "vllm" and ctx.parsed.kind != RESPONSES:
                 acct.note_decision(ctx, decision, worker, decode, home=decision.home)
                 try:
                     return await handoff(client, ctx, routing_request, worker, decode)

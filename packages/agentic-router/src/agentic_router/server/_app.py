@@ -252,10 +252,11 @@ class Proxy:
                     acct.count(ctx, "client_disconnect")
                     raise
                 finally:
-                    if ctx.response_id is not None and parsed.store and ctx.worker is not None:
+                    stored_on = ctx.decode_worker or ctx.worker  # the engine that answered
+                    if ctx.response_id is not None and parsed.store and stored_on is not None:
                         # the chain's next turn must reach the engine that stored this one
                         chain = ctx.session_id or ctx.response_id
-                        self.affinity.remember(ctx.response_id, ctx.worker, chain)
+                        self.affinity.remember(ctx.response_id, stored_on, chain)
                     acct.finish(ctx, response)
             finally:
                 self.inflight -= 1
