@@ -4,6 +4,7 @@ close; rotation splits no record and keeps the newest."""
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from agentic_router._logs import (
     SESSION_BINDING,
     JsonlLogs,
     read_jsonl,
+    read_stream,
     stream_files,
 )
 
@@ -87,6 +89,35 @@ def test_rotation_continues_an_existing_file_and_its_backups(tmp_path: Path) -> 
         for i in range(10):
             logs.admission(f"{run_id}{i}", None, None, mode="pd", admitted=False, reason="x")
         logs.close()
-    ids = [r["request_id"] for p in stream_files(tmp_path, ADMISSION_EVENTS) for r in read_jsonl(p)]
+    ids = [r["request_id"] for r in read_stream(tmp_path, ADMISSION_EVENTS)]
     assert ids == [f"{run_id}{i}" for run_id in "ab" for i in range(10)]
     assert all(p.stat().st_size <= 400 for p in stream_files(tmp_path, ADMISSION_EVENTS))
+
+
+def test_a_stream_read_while_it_rotates_has_every_record_once_in_order(tmp_path: Path) -> None:
+    """`agentic-router analyze` on a live --log-dir: each read sees the records
+    written so far, from the first, in order, none twice, however the writer thread
+    rotates the files under it (no backup deleted here, so nothing may be missing)."""
+    logs = JsonlLogs(tmp_path, flush_interval_s=0.0005, max_bytes=2000, backups=1000)
+    total = 3000
+    done = threading.Event()
+
+    def write() -> None:
+        for i in range(total):
+            logs.admission(f"r{i}", None, None, mode="pd", admitted=True, reason="")
+            if i % 50 == 0:
+                time.sleep(0.001)  # let the writer thread rotate between reads
+        logs.close()
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reads = 0
+    while not done.is_set() or reads == 0:
+        ids = [r["request_id"] for r in read_stream(tmp_path, ADMISSION_EVENTS)]
+        assert ids == [f"r{i}" for i in range(len(ids))]
+        reads += 1
+    writer.join()
+    ids = [r["request_id"] for r in read_stream(tmp_path, ADMISSION_EVENTS)]
+    assert ids == [f"r{i}" for i in range(total)]
+    assert logs.rotations > 10

@@ -32,7 +32,8 @@ file about to pass `max_bytes` is renamed `FILE.jsonl.1` (an older `.1` becomes
 `.2`, ..., the one beyond `backups` is deleted) and a new FILE.jsonl is started.
 It happens in the writer thread, never on the caller's, and between two whole
 lines: a record is never split across files, and none is lost by rotating
-(`stream_files` lists a stream's files oldest first, for readers).
+(`stream_files` lists a stream's files oldest first; `read_stream` reads them
+whole while the writer rotates).
 Records are serialised with orjson, several times faster than `json` on a
 decision record (which carries every candidate); what orjson refuses (an
 integer beyond 64 bits) falls back to `json`. orjson writes a NaN or an
@@ -46,10 +47,11 @@ import contextlib
 import glob
 import json
 import logging
+import os
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -325,16 +327,69 @@ def stream_files(directory: str | Path, stream: str) -> list[Path]:
     return out
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Records of one JSONL file; a torn last line (a crash mid-write) is skipped."""
-    with Path(path).open(encoding="utf-8") as f:
-        for raw in f:
-            line = raw.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
+def read_jsonl(
+    path: str | Path, bad: Counter[str] | None = None, key: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Records of one JSONL file. A line that is not a JSON object (a torn last
+    line: a crash mid-write) is skipped, and counted in `bad[key]` (key: the file's
+    name) when `bad` is given."""
+    with Path(path).open(encoding="utf-8", errors="replace") as f:
+        yield from _objects(f, bad, key or Path(path).name)
+
+
+def read_stream(
+    directory: str | Path, stream: str, bad: Counter[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """A stream's records, oldest first across its rotated files (`stream_files`),
+    each once even while the writer rotates them: every file is opened before any
+    is read, from a listing the writer did not rotate in between (an open file
+    keeps its content whatever it is renamed to). Bad lines count under `stream`."""
+    handles = _open_stream(Path(directory), stream)
+    try:
+        for fh in handles:
+            yield from _objects(fh, bad, stream)
+    finally:
+        for fh in handles:
+            fh.close()
+
+
+def _open_stream(directory: Path, stream: str, attempts: int = 20) -> list[IO[str]]:
+    """The stream's files, opened, from a listing that still holds after they were
+    opened (same names, same files); a rotation in between is retried."""
+    handles: list[IO[str]] = []
+    for _ in range(attempts):
+        paths = stream_files(directory, stream)
+        handles = []
+        try:
+            for p in paths:
+                handles.append(p.open(encoding="utf-8", errors="replace"))
+            if stream_files(directory, stream) == paths and all(
+                os.path.samestat(p.stat(), os.fstat(fh.fileno()))
+                for p, fh in zip(paths, handles, strict=True)
+            ):
+                return handles
+        except FileNotFoundError:
+            pass
+        for fh in handles:
+            fh.close()
+    # rotating faster than it can be listed: what is there now, as it opens
+    handles = []
+    for p in stream_files(directory, stream):
+        with contextlib.suppress(FileNotFoundError):
+            handles.append(p.open(encoding="utf-8", errors="replace"))
+    return handles
+
+
+def _objects(lines: Iterable[str], bad: Counter[str] | None, key: str) -> Iterator[dict[str, Any]]:
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            yield obj
+        elif bad is not None:
+            bad[key] += 1

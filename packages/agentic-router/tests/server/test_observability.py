@@ -18,7 +18,7 @@ import pytest
 
 from agentic_common import open_writer
 from agentic_common.testing import free_port, make_state
-from agentic_router._logs import REQUEST_OUTCOMES, ROUTING_DECISIONS, read_jsonl, stream_files
+from agentic_router._logs import REQUEST_OUTCOMES, ROUTING_DECISIONS, read_stream, stream_files
 from agentic_router.cli.analyze import analyze_dir
 from agentic_router.engine_metrics import Sample
 from agentic_router.server._logging import (
@@ -211,12 +211,7 @@ def test_jsonl_logs_rotate_without_losing_a_record(tmp_path: Path) -> None:
             assert _one(samples, "agentic_router_log_records_dropped_total") == 0
 
     def _outcomes() -> list[dict[str, object]]:
-        # polled while the writer rotates: a listed backup may be renamed before it is
-        # read; that poll counts as not done yet
-        try:
-            return [rec for p in stream_files(tmp_path, REQUEST_OUTCOMES) for rec in read_jsonl(p)]
-        except FileNotFoundError:
-            return []
+        return list(read_stream(tmp_path, REQUEST_OUTCOMES))
 
     eng = FakeEngine("vllm")
     run(main())
@@ -228,7 +223,7 @@ def test_jsonl_logs_rotate_without_losing_a_record(tmp_path: Path) -> None:
     # Oldest first across the files: the records are in the order they were written.
     times = [float(rec["ts"]) for rec in outcomes]  # type: ignore[arg-type]
     assert times == sorted(times)
-    decisions = [rec for p in stream_files(tmp_path, ROUTING_DECISIONS) for rec in read_jsonl(p)]
+    decisions = list(read_stream(tmp_path, ROUTING_DECISIONS))
     assert {rec["request_id"] for rec in decisions} == {rec["request_id"] for rec in outcomes}
     # `agentic-router analyze` reads the rotated files too
     report = analyze_dir(tmp_path)

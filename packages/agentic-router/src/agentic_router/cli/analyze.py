@@ -27,13 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from agentic_common import text_table
-from agentic_router._logs import stream_files
+from agentic_router._logs import (
+    ADMISSION_EVENTS,
+    REQUEST_OUTCOMES,
+    ROUTING_DECISIONS,
+    SESSION_BINDING,
+    read_stream,
+)
 
-ROUTING_DECISIONS = "routing-decisions.jsonl"
-SESSION_BINDING = "session-binding.jsonl"
-ADMISSION_EVENTS = "admission-events.jsonl"
 STREAMS = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS)
-REQUEST_OUTCOMES = "request-outcomes.jsonl"  # the proxy only: optional
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,21 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _records(path: Path, bad: Counter[str]) -> Iterator[dict[str, Any]]:
     """The records of one log, its rotated backups first (FILE.N ... FILE.1, FILE)."""
-    for part in stream_files(path.parent, path.name):
-        with part.open(encoding="utf-8", errors="replace") as fh:
-            for raw in fh:
-                line = raw.strip()
-                if not line:
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    bad[path.name] += 1
-                    continue
-                if isinstance(obj, dict):
-                    yield obj
-                else:
-                    bad[path.name] += 1
+    return read_stream(path.parent, path.name, bad)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
