@@ -395,9 +395,9 @@ class GatedSessionAffinity:
         costs = self.gate_costs(ctx)
         best = min((c for k, c in enumerate(costs) if k != i), default=None)
         here = costs[i]
-        k = margin_scale(kv_fill(ctx), self.fill_floor, self.fill_full)
-        factor = 1.0 + (self.overload_factor - 1.0) * k
-        if best is not None and here > factor * best and here - best >= self.min_gain_s * k:
+        # home is left only for a faster worker (min_gain_s >= 0): the margins' KV fill,
+        # a pass over every candidate's working set, is computed only then
+        if best is not None and here >= best and self._beyond_margins(ctx, here, best):
             # leaving because home is slower: the target must not be home again
             ctx.notes["reason"] = "home-overloaded"
             zeros[i] = 1.0
@@ -405,6 +405,13 @@ class GatedSessionAffinity:
         ctx.notes["reason"] = "home"
         zeros[i] = -1.0
         return zeros
+
+    def _beyond_margins(self, ctx: ScoringContext, here: float, best: float) -> bool:
+        """Is home slower than the best other worker by both margins, as the KV fill
+        scales them?"""
+        k = margin_scale(kv_fill(ctx), self.fill_floor, self.fill_full)
+        factor = 1.0 + (self.overload_factor - 1.0) * k
+        return here > factor * best and here - best >= self.min_gain_s * k
 
 
 class MigrationTargetScorer:
