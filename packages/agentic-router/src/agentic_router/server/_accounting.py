@@ -108,7 +108,6 @@ class RequestContext:
     session_id: str | None
     request_id: str
     client_request_id: str | None
-    endpoint: str
     received: float = 0.0  # time.monotonic() when the request arrived
     started: bool = False  # bytes went to the client: no retry from here on
     first_token: float | None = None  # time.monotonic() of the engine's first bytes
@@ -377,7 +376,7 @@ class Accounting:
     # ---- outcomes and records ----
 
     def count(self, ctx: RequestContext, outcome: str) -> None:
-        self.telemetry.requests.inc(ctx.endpoint, outcome)
+        self.telemetry.requests.inc(ctx.parsed.kind, outcome)
         ctx.outcome = outcome
 
     def finish(self, ctx: RequestContext, response: web.StreamResponse | None) -> None:
@@ -408,7 +407,7 @@ class Accounting:
             ttft_s=None if first is None else round(first - ctx.received, 6),
             e2e_s=round(time.monotonic() - ctx.received, 6),
             client_request_id=ctx.client_request_id,
-            endpoint=ctx.endpoint,
+            endpoint=ctx.parsed.kind,
             worker=ctx.worker,
             decode_worker=ctx.decode_worker,
         )

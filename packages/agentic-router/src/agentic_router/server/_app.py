@@ -192,7 +192,6 @@ class Proxy:
 
     async def _proxy(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         acct = self.acct
-        endpoint = kind  # the requests counter's endpoint label
         received = time.monotonic()
         body = BodyReader(self.body_budget, self.config.max_body_bytes)
         try:
@@ -208,7 +207,7 @@ class Proxy:
                         self.config.session_fields,
                     )
             except BadRequest as exc:
-                self.telemetry.requests.inc(endpoint, _REFUSAL.get(exc.status, "bad_request"))
+                self.telemetry.requests.inc(kind, _REFUSAL.get(exc.status, "bad_request"))
                 return await refuse(request, exc.status, exc.message, param=exc.param)
             placed = self._place(request, parsed, session_id)
             if isinstance(placed, web.Response):
@@ -217,7 +216,7 @@ class Proxy:
             # In flight from here: a slow upload holds its connection and its
             # buffered bytes (bounded above), never a routing slot.
             if self.inflight >= self.config.max_inflight:
-                self.telemetry.requests.inc(endpoint, "overloaded")
+                self.telemetry.requests.inc(kind, "overloaded")
                 acct.admission(None, None, False, "overloaded")
                 return json_error(
                     503, "router is at max_inflight; retry later", headers={"Retry-After": "1"}
@@ -232,7 +231,6 @@ class Proxy:
                     session_id=session_id,
                     request_id=request[ROUTER_ID],
                     client_request_id=request[CLIENT_ID],
-                    endpoint=endpoint,
                     received=received,
                     excluded=excluded,
                     pinned=pinned,
@@ -293,7 +291,7 @@ class Proxy:
         if stored is None:  # not relayed by this router (or forgotten): the policy's to route
             return excluded, None, session_id
         where = f"response {previous!r} is stored on engine {stored.engine_id!r}"
-        home = next((ep for ep in self.acct.live() if ep.spec.engine_id == stored.engine_id), None)
+        home = self.workers.find(stored.engine_id)
         if home is None:
             return not_found(
                 "previous_response_gone",
