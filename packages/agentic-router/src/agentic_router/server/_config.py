@@ -34,6 +34,7 @@ from agentic_router.server._engines import (
     EngineEntry,
     EngineError,
     check_engine_url,
+    check_roles,
     startup_file_engines,
 )
 from agentic_router.settings import (
@@ -350,8 +351,7 @@ class ServerConfig:
             not self.engines and any(e.role in ("prefill", "decode") for e in file_engines)
         )
         try:
-            for e in file_engines:
-                e.resolved_role(pd)
+            check_roles(file_engines, pd)
         except EngineError as exc:
             log.error("--engines-file %s ignored at start: %s", self.engines_file, exc)
             file_engines = ()

@@ -10,6 +10,7 @@ file at start through `startup_file_engines`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -26,7 +27,12 @@ ID_PREFIX: Final = {"both": "engine_", "prefill": "prefill_", "decode": "decode_
 
 
 class EngineError(ValueError):
-    """An engine given wrong (a bad URL, role or id); the message says what."""
+    """An engine given wrong (a bad URL, role or id); the message says what, and
+    `param` names the field (OpenAI's error `param`) when it is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def check_engine_url(url: str) -> None:
@@ -37,7 +43,7 @@ def check_engine_url(url: str) -> None:
     except ValueError:
         parts, port = None, None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise EngineError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}")
+        raise EngineError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}", "url")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +95,13 @@ def engine_entry(value: Any) -> EngineEntry:
         url, role = value.get("url"), value.get("role")
         engine_id = value.get("engine_id", value.get("id"))
         if not isinstance(url, str) or not url:
-            raise EngineError("an engine needs url: a string http(s)://host:port")
+            raise EngineError("an engine needs url: a string http(s)://host:port", "url")
         if role is not None and role not in ROLES:
-            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {role!r}", "role")
         if engine_id is not None and (not isinstance(engine_id, str) or not engine_id.strip()):
-            raise EngineError(f"engine_id must be a non-empty string, got {engine_id!r}")
+            raise EngineError(
+                f"engine_id must be a non-empty string, got {engine_id!r}", "engine_id"
+            )
         entry = EngineEntry(
             url=url.strip().rstrip("/"),
             role=role,
@@ -102,7 +110,8 @@ def engine_entry(value: Any) -> EngineEntry:
     else:
         raise EngineError(
             f"an engine is a URL string or a mapping {{url, role, engine_id}}, got "
-            f"{type(value).__name__}"
+            f"{type(value).__name__}",
+            "url",
         )
     check_engine_url(entry.url)
     return entry
@@ -141,14 +150,26 @@ def parse_engines_file(text: str) -> list[EngineEntry]:
     return entries
 
 
+class UnreadableEnginesFile(EngineError):
+    """The engines file could not be read (as opposed to read and found malformed)."""
+
+
 def read_engines_file(path: str) -> list[EngineEntry]:
-    """Read and parse the engines file (EngineError when unreadable or malformed)."""
+    """Read and parse the engines file (UnreadableEnginesFile when it cannot be read,
+    EngineError when it is malformed)."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise EngineError(f"cannot read it: {reason}") from None
+        raise UnreadableEnginesFile(f"cannot read it: {reason}") from None
     return parse_engines_file(text)
+
+
+def check_roles(entries: Iterable[EngineEntry], pd: bool) -> None:
+    """Every engine has a role this mode has (EngineError for the first that has not):
+    a version of the engines file is taken whole or not at all."""
+    for entry in entries:
+        entry.resolved_role(pd)
 
 
 def startup_file_engines(path: str) -> tuple[EngineEntry, ...]:

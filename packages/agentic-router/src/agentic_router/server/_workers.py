@@ -48,6 +48,8 @@ from agentic_router.server._engines import (
     ID_PREFIX,
     EngineEntry,
     EngineError,
+    UnreadableEnginesFile,
+    check_roles,
     engine_entry,
     read_engines_file,
 )
@@ -241,7 +243,7 @@ class WorkerSet:
             entry = engine_entry(body)
             ep = self.add(entry, API)
         except EngineError as exc:
-            return json_error(400, str(exc), param=_param_of(str(exc)))
+            return json_error(400, str(exc), param=exc.param)
         except WorkerError as exc:
             return json_error(exc.status, exc.message, param=exc.param)
         return web.json_response(self.view(ep), status=201)
@@ -343,10 +345,9 @@ class WorkerSet:
         self._file_seen = seen
         try:
             entries = await asyncio.to_thread(read_engines_file, path)
-            for entry in entries:  # the whole version is refused if any engine cannot fit
-                entry.resolved_role(self.config.pd_mode)
+            check_roles(entries, self.config.pd_mode)
         except EngineError as exc:
-            unreadable = str(exc).startswith("cannot read")
+            unreadable = isinstance(exc, UnreadableEnginesFile)
             self.file_reloads.inc("unreadable" if unreadable else "malformed")
             log.error("--engines-file %s ignored (the last good set stays): %s", path, exc)
             return False
@@ -370,13 +371,3 @@ class WorkerSet:
 def _signature(path: str) -> tuple[int, int, int]:
     st = os.stat(path)
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _param_of(message: str) -> str | None:
-    """The request field a validation message is about (OpenAI's `param`)."""
-    for field in ("url", "role", "engine_id"):
-        if message.startswith(f"{field} ") or f"needs {field}" in message:
-            return field
-    if "URL" in message:
-        return "url"
-    return None
