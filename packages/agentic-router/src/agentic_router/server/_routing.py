@@ -180,11 +180,15 @@ class RoutingCore:
         if isinstance(feed, StateFeed):
             feed.engines_changed()
         elif isinstance(feed, MetricsReconciler):
-            router = pool.router
-            feed.urls = [
-                None if router.workers.retired(w) else self._urls[slot] + "/metrics"
-                for w, slot in enumerate(pool.slots)
-            ]
+            feed.urls = self._metrics_urls(pool)
+
+    def _metrics_urls(self, pool: Pool) -> list[str | None]:
+        """Each pool worker's /metrics URL for the reconciler (None: retired, not scraped)."""
+        router = pool.router
+        return [
+            None if router.workers.retired(w) else self._urls[slot] + "/metrics"
+            for w, slot in enumerate(pool.slots)
+        ]
 
     # ---- requests ----
 
@@ -309,13 +313,12 @@ class RoutingCore:
         elif pool.router.config.reconcile_period_s > 0:
             feed = MetricsReconciler(
                 pool.router,
-                [self._urls[slot] + "/metrics" for slot in pool.slots],
+                self._metrics_urls(pool),
                 timeout_s=self.config.health_check_timeout_s,
             )
         if feed is not None:
             feed.start()
             pool.feed = feed
-            self._feed_engines_changed(pool)  # a retired worker is not scraped
 
     async def stop(self) -> None:
         self._running = False
