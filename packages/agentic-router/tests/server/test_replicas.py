@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ async def _chat(
 
 
 def _held_requests(
-    http: aiohttp.ClientSession, replicas: list[Replica], n: int
+    http: aiohttp.ClientSession, replicas: Sequence[Replica | RunningRouter], n: int
 ) -> dict[str, asyncio.Task[int]]:
     """`n` requests (by their `user`: held-i) sent round-robin over the replicas,
     which the engines hold (their first token never comes) until cancelled."""
@@ -217,6 +217,42 @@ async def _cancel(tasks: dict[str, asyncio.Task[int]]) -> None:
     for t in tasks.values():
         with suppress(asyncio.CancelledError, aiohttp.ClientError):
             await t
+
+
+async def _hold(
+    http: aiohttp.ClientSession,
+    replicas: list[Replica],
+    engines: list[FakeEngine],
+    n: int,
+    via: list[Replica] | None = None,
+) -> dict[str, asyncio.Task[int]]:
+    """`n` held requests sent round-robin over `via` (default: every replica), once
+    the engines hold them all and every replica counts them."""
+    held = _held_requests(http, replicas if via is None else via, n)
+    await eventually(lambda: sum(e.inflight for e in engines) == n, f"all {n} held")
+    await _converged(http, replicas, engines, set(held))
+    return held
+
+
+async def _release(
+    http: aiohttp.ClientSession,
+    replicas: list[Replica],
+    engines: list[FakeEngine],
+    held: dict[str, asyncio.Task[int]],
+) -> None:
+    """Cancel the held requests; every replica's count goes back to none."""
+    await _cancel(held)
+    await _converged(http, replicas, engines, set())
+
+
+async def _store_up(
+    http: aiohttp.ClientSession, replicas: list[Replica], up: int, what: str
+) -> None:
+    async def check() -> bool:
+        ms = await _all_metrics(http, replicas)
+        return all(m["agentic_router_replica_store_up{}"] == up for m in ms)
+
+    await _until(check, what)
 
 
 def test_a_sessions_turns_sent_round_robin_over_three_replicas_reach_one_engine(
@@ -268,11 +304,8 @@ def test_each_replica_counts_the_fleets_in_flight_requests_per_engine(
             _fleet(3, engines, redis_uri, tmp_path) as replicas,
             aiohttp.ClientSession() as http,
         ):
-            held = _held_requests(http, replicas, 12)
-            await eventually(lambda: sum(e.inflight for e in engines) == 12, "all 12 held")
-            await _converged(http, replicas, engines, set(held))
-            await _cancel(held)
-            await _converged(http, replicas, engines, set())
+            held = await _hold(http, replicas, engines, 12)
+            await _release(http, replicas, engines, held)
 
     run(main())
 
@@ -287,9 +320,7 @@ def test_a_replica_killed_mid_load_leaves_no_reservation_behind(
             _fleet(3, engines, redis_uri, tmp_path, "--replica-heartbeat-ttl-s", "1") as replicas,
             aiohttp.ClientSession() as http,
         ):
-            held = _held_requests(http, replicas, 12)
-            await eventually(lambda: sum(e.inflight for e in engines) == 12, "all 12 held")
-            await _converged(http, replicas, engines, set(held))
+            held = await _hold(http, replicas, engines, 12)
             replicas[2].proc.send_signal(signal.SIGKILL)
             replicas[2].proc.wait()
             # its 4 requests die with it; the survivors forget its reservations
@@ -301,8 +332,7 @@ def test_a_replica_killed_mid_load_leaves_no_reservation_behind(
                 forgotten = "agentic_router_replica_reservations_forgotten_total{reason=peer_gone}"
                 assert m[forgotten] == 4
                 assert m["agentic_router_replica_peers{}"] == 1
-            await _cancel(held)
-            await _converged(http, survivors, engines, set())
+            await _release(http, survivors, engines, held)
 
     run(main())
 
@@ -317,9 +347,7 @@ def test_a_replica_that_stalled_past_its_heartbeat_is_counted_again(
             _fleet(2, engines, redis_uri, tmp_path, "--replica-heartbeat-ttl-s", "1") as replicas,
             aiohttp.ClientSession() as http,
         ):
-            held = _held_requests(http, replicas, 4)
-            await eventually(lambda: sum(e.inflight for e in engines) == 4, "all 4 held")
-            await _converged(http, replicas, engines, set(held))
+            held = await _hold(http, replicas, engines, 4)
             replicas[1].proc.send_signal(signal.SIGSTOP)  # alive, but silent
             gone = "agentic_router_replica_reservations_forgotten_total{reason=peer_gone}"
 
@@ -330,8 +358,7 @@ def test_a_replica_that_stalled_past_its_heartbeat_is_counted_again(
             replicas[1].proc.send_signal(signal.SIGCONT)
             # its heartbeat lapsed: it sends its live reservations again
             await _converged(http, replicas, engines, set(held))
-            await _cancel(held)
-            await _converged(http, replicas, engines, set())
+            await _release(http, replicas, engines, held)
 
     run(main())
 
@@ -357,31 +384,19 @@ def test_killing_and_restarting_redis_loses_no_request(
             load = [asyncio.create_task(client(c)) for c in range(6)]
             await eventually(lambda: len(done) >= 60, "load running", timeout=WAIT_S)
             redis_server.stop()
-
-            async def all_down() -> bool:
-                ms = await _all_metrics(http, replicas)
-                return all(m["agentic_router_replica_store_up{}"] == 0 for m in ms)
-
-            await _until(all_down, "every replica noticed the outage")
+            await _store_up(http, replicas, 0, "every replica noticed the outage")
             seen = len(done)
             await eventually(lambda: len(done) >= seen + 30, "requests served meanwhile")
             redis_server.start()
             await asyncio.gather(*load)
             assert len(done) == 240
             assert set(done) == {200}
-
-            async def all_up() -> bool:
-                ms = await _all_metrics(http, replicas)
-                return all(m["agentic_router_replica_store_up{}"] == 1 for m in ms)
-
-            await _until(all_up, "every replica reconnected")
+            await _store_up(http, replicas, 1, "every replica reconnected")
             await _converged(http, replicas, engines, set())
             # the replicas share state again: a held request is seen by all three
             for e in engines:
                 e.faults.first_token_delay_s = 3600.0
-            held = _held_requests(http, replicas[:1], 1)
-            await eventually(lambda: sum(e.inflight for e in engines) == 1, "one held")
-            await _converged(http, replicas, engines, set(held))
+            held = await _hold(http, replicas, engines, 1, via=replicas[:1])
             await _cancel(held)
             ms = await _all_metrics(http, replicas)
         for r, m in zip(replicas, ms, strict=True):
@@ -406,9 +421,7 @@ def test_the_replicas_share_their_reservations_again_after_redis_restarts(
             _fleet(3, engines, redis_uri, tmp_path, "--replica-heartbeat-ttl-s", "1") as replicas,
             aiohttp.ClientSession() as http,
         ):
-            held = _held_requests(http, replicas, 6)
-            await eventually(lambda: sum(e.inflight for e in engines) == 6, "all 6 held")
-            await _converged(http, replicas, engines, set(held))
+            held = await _hold(http, replicas, engines, 6)
             redis_server.stop()
             # an outage past the heartbeat TTL: each replica forgets the others'
             # reservations (2 of each) and routes on its own
@@ -421,8 +434,7 @@ def test_the_replicas_share_their_reservations_again_after_redis_restarts(
             redis_server.start()
             # every replica republishes its live reservations under a new epoch
             await _converged(http, replicas, engines, set(held))
-            await _cancel(held)
-            await _converged(http, replicas, engines, set())
+            await _release(http, replicas, engines, held)
 
     run(main())
 
@@ -537,12 +549,7 @@ def test_an_engine_added_at_run_time_is_shared_too(redis_uri: str) -> None:  # n
                 new = {"url": b.url, "engine_id": "engine_1"}
                 async with http.post(r.url + "/admin/workers", json=new, headers=auth) as resp:
                     assert resp.status == 201, await resp.text()
-            held = {
-                f"held-{i}": asyncio.create_task(
-                    _chat(http, r1, chat_body(user=f"held-{i}", stream=True))
-                )
-                for i in range(4)
-            }
+            held = _held_requests(http, [r1], 4)
             await eventually(lambda: a.inflight + b.inflight == 4, "all 4 held")
             assert b.inflight == 2  # round robin over a and b
 
