@@ -124,6 +124,11 @@ class RequestContext:
         """The engine that answers the client (P/D: the decode engine), or "none"."""
         return self.decode_worker or self.worker or "none"
 
+    def attempt_id(self, attempt: int) -> str:
+        """The request id an engine gets on this attempt (a retry's is `<id>.<n>`, so
+        reservations and engine logs tell the attempts apart)."""
+        return self.request_id if attempt == 0 else f"{self.request_id}.{attempt}"
+
 
 class Telemetry:
     """The proxy's own counters (the gauges are computed at scrape time)."""

@@ -41,7 +41,7 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
     refused: set[int] = set()
     for attempt in range(config.max_retries + 1):
         refused = acct.sync_health()  # engines whose circuit is open: never candidates
-        rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
+        rid = ctx.attempt_id(attempt)
         routing_request = core.routing_request(ctx.parsed, rid, ctx.session_id)
         ctx.prompt_tokens = routing_request.prompt_tokens
         decision = core.decide(routing_request, exclude=tried | refused | ctx.excluded)
@@ -103,7 +103,7 @@ async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.Strea
             key=lambda e: (max(acct.core.load(e.slot), e.inflight), (e.slot - turn) % n),
         )
         ctx.worker, ctx.policy = ep.spec.engine_id, "least_load"
-        rid = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
+        rid = ctx.attempt_id(attempt)
         if attempt:
             acct.telemetry.retries.inc()
         got = await attempt_on(client, ctx, ep, rid)

@@ -31,7 +31,7 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
     refused: set[int] = set()
     for attempt in range(client.config.max_retries + 1):
         refused = acct.sync_health()  # engines whose circuit is open: never candidates
-        base = ctx.request_id if attempt == 0 else f"{ctx.request_id}.{attempt}"
+        base = ctx.attempt_id(attempt)
         req = core.routing_request(ctx.parsed, base, ctx.session_id)
         ctx.prompt_tokens = req.prompt_tokens
         dec_d = core.decide(
