@@ -24,6 +24,7 @@ from agentic_common._uri import (
     open_reader,
     open_writer,
     redact_uri,
+    split_redis_uri,
 )
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "open_reader",
     "open_writer",
     "redact_uri",
+    "split_redis_uri",
     "text_table",
 ]

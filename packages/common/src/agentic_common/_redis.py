@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agentic_common._schema import ENGINE_ID_PATTERN, DropReason
 from agentic_common._transport import (
@@ -31,7 +30,7 @@ from agentic_common._transport import (
     StateReader,
     StateWriter,
 )
-from agentic_common._uri import redact_uri
+from agentic_common._uri import redact_uri, split_redis_uri
 
 DEFAULT_PREFIX = "{agentic}:engine_state"
 DEFAULT_TTL_MS = 5000
@@ -131,19 +130,7 @@ class RedisTarget:
 
     @classmethod
     def parse(cls, uri: str) -> RedisTarget:
-        parts = urlsplit(uri)
-        if parts.scheme not in ("redis", "rediss"):
-            raise ValueError(f"not a redis URI: {redact_uri(uri)!r}")
-        if not parts.hostname:
-            raise ValueError(f"redis URI needs a host: {redact_uri(uri)!r}")
-        ours: dict[str, str] = {}
-        theirs: list[tuple[str, str]] = []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key in ("prefix", "ttl_ms", "timeout_ms"):
-                ours[key] = value
-            else:
-                theirs.append((key, value))
-        url = urlunsplit(parts._replace(query=urlencode(theirs)))
+        url, ours = split_redis_uri(uri, ("prefix", "ttl_ms", "timeout_ms"))
         try:
             ttl_ms = int(ours.get("ttl_ms", DEFAULT_TTL_MS))
             timeout_s = int(ours.get("timeout_ms", DEFAULT_TIMEOUT_MS)) / 1000

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -48,6 +49,25 @@ def redact_uri(uri: str) -> str:
         if any(_SECRET_PARAM.search(k) for k, _ in pairs):
             query = urlencode([(k, "***" if _SECRET_PARAM.search(k) else v) for k, v in pairs])
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def split_redis_uri(uri: str, options: Collection[str]) -> tuple[str, dict[str, str]]:
+    """A redis:// or rediss:// URI split into redis-py's connection URL and the
+    query parameters named in `options` (ours, not redis-py's). ValueError for
+    another scheme or no host."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"not a redis:// or rediss:// URI: {redact_uri(uri)!r}")
+    if not parts.hostname:
+        raise ValueError(f"redis URI needs a host: {redact_uri(uri)!r}")
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in options:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
 
 
 def _file_path(uri: str) -> Path | None:

@@ -62,9 +62,8 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from agentic_common import redact_uri
+from agentic_common import redact_uri, split_redis_uri
 from agentic_router.replication import ReplicaEvent, ReplicaSync, decode, encode
 
 __all__ = ["ReplicaLink", "ReplicaTarget", "new_replica_id"]
@@ -105,25 +104,13 @@ class ReplicaTarget:
 
     @classmethod
     def parse(cls, uri: str) -> ReplicaTarget:
-        parts = urlsplit(uri)
-        if parts.scheme not in ("redis", "rediss"):
-            raise ValueError(f"not a redis:// or rediss:// URI: {redact_uri(uri)!r}")
-        if not parts.hostname:
-            raise ValueError(f"redis URI needs a host: {redact_uri(uri)!r}")
-        ours: dict[str, str] = {}
-        theirs: list[tuple[str, str]] = []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key in ("prefix", "timeout_ms"):
-                ours[key] = value
-            else:
-                theirs.append((key, value))
+        url, ours = split_redis_uri(uri, ("prefix", "timeout_ms"))
         try:
             timeout_s = int(ours.get("timeout_ms", DEFAULT_TIMEOUT_S * 1000)) / 1000
         except ValueError:
             raise ValueError(f"timeout_ms must be an integer: {redact_uri(uri)!r}") from None
         if timeout_s <= 0:
             raise ValueError(f"timeout_ms must be positive: {redact_uri(uri)!r}")
-        url = urlunsplit(parts._replace(query=urlencode(theirs)))
         return cls(url=url, prefix=ours.get("prefix") or DEFAULT_PREFIX, timeout_s=timeout_s)
 
     @property
