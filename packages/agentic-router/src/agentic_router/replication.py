@@ -304,17 +304,16 @@ class ReplicaSync:
         self._outbox.append(ev)
 
     def _event(self, kind: str, entry: SequenceEntry, now: float, **kw: Any) -> ReplicaEvent:
-        seq = self.seq
-        self.seq = seq + 1
+        """The next event of ours about `entry` (`kw`: the kind's fields, or overrides)."""
+        fields: dict[str, Any] = {"request_id": entry.request_id, **kw}
         return ReplicaEvent(
             origin=self.origin,
-            seq=seq,
+            seq=self._next_seq(),
             kind=kind,
-            request_id=entry.request_id,
             engine_id=self._engine(entry.worker),
             session_id=entry.session_id,
             ts=now,
-            **kw,
+            **fields,
         )
 
     def _on_local(
@@ -348,15 +347,8 @@ class ReplicaSync:
                 self._set_home(sid, now, self.origin, engine)
                 if prev is None or prev[2] != engine:
                     self._push(
-                        ReplicaEvent(
-                            origin=self.origin,
-                            seq=self._next_seq(),
-                            kind=HOME,
-                            request_id="",
-                            engine_id=engine,
-                            session_id=sid,
-                            prompt_tokens=entry.prompt_tokens,
-                            ts=now,
+                        self._event(
+                            HOME, entry, now, request_id="", prompt_tokens=entry.prompt_tokens
                         )
                     )
         elif kind in (PREFILL_COMPLETED, FREE):
