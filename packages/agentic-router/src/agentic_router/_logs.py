@@ -33,7 +33,11 @@ file about to pass `max_bytes` is renamed `FILE.jsonl.1` (an older `.1` becomes
 It happens in the writer thread, never on the caller's, and between two whole
 lines: a record is never split across files, and none is lost by rotating
 (`stream_files` lists a stream's files oldest first; `read_stream` reads them
-whole while the writer rotates).
+whole while the writer rotates). A rotation holds an exclusive flock on the
+directory's `.rotation.lock` while it renames; `read_stream` lists and opens
+the files under a shared one, so it never sees a rotation half done (a listing
+taken during the renames can miss a file: readdir makes no promise about
+entries renamed while it runs, and on tmpfs it did miss them).
 Records are serialised with orjson, several times faster than `json` on a
 decision record (which carries every candidate); what orjson refuses (an
 integer beyond 64 bits) falls back to `json`. orjson writes a NaN or an
@@ -44,6 +48,7 @@ This module must not import the proxy or the simulator.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import logging
@@ -64,6 +69,8 @@ SESSION_BINDING: Final = "session-binding.jsonl"
 ADMISSION_EVENTS: Final = "admission-events.jsonl"
 REQUEST_OUTCOMES: Final = "request-outcomes.jsonl"
 STREAMS: Final = (ROUTING_DECISIONS, SESSION_BINDING, ADMISSION_EVENTS, REQUEST_OUTCOMES)
+
+ROTATION_LOCK: Final = ".rotation.lock"
 
 _BUFFER_MAX: Final = 65536
 _MAX_SESSIONS_TRACKED: Final = 100_000
@@ -94,6 +101,9 @@ class JsonlLogs:
             name: (self.directory / name).open("ab") for name in STREAMS
         }
         self._sizes = {name: f.tell() for name, f in self._files.items()}
+        self._rotation_lock: IO[bytes] | None = None
+        if max_bytes > 0:
+            self._rotation_lock = (self.directory / ROTATION_LOCK).open("ab")
         self._turns: OrderedDict[str, int] = OrderedDict()
         self.dropped = 0
         self.written = 0
@@ -240,6 +250,10 @@ class JsonlLogs:
         """FILE -> FILE.1 -> ... -> FILE.<backups> (deleted beyond), then a new FILE.
         On a failure the stream goes on in whatever file is open (logged, never raised)."""
         path = self.directory / stream
+        with _locked(self._rotation_lock, fcntl.LOCK_EX):
+            self._rename_and_reopen(stream, path)
+
+    def _rename_and_reopen(self, stream: str, path: Path) -> None:
         try:
             self._files[stream].close()
             if self.backups <= 0:
@@ -292,6 +306,26 @@ class JsonlLogs:
         self._flush()
         for f in self._files.values():
             f.close()
+        if self._rotation_lock is not None:
+            self._rotation_lock.close()
+
+
+@contextlib.contextmanager
+def _locked(lock: IO[bytes] | None, how: int) -> Iterator[None]:
+    """flock `lock` (None, or a lock that cannot be taken: no lock, logged) for the block."""
+    held = False
+    if lock is not None:
+        try:
+            fcntl.flock(lock.fileno(), how)
+            held = True
+        except OSError as exc:
+            log.warning("JSONL log rotation lock not taken: %r", exc)
+    try:
+        yield
+    finally:
+        if held and lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 # dataclasses and datetimes go to `default` (str), as they did with `json`.
@@ -354,8 +388,22 @@ def read_stream(
 
 
 def _open_stream(directory: Path, stream: str, attempts: int = 20) -> list[IO[str]]:
-    """The stream's files, opened, from a listing that still holds after they were
-    opened (same names, same files); a rotation in between is retried."""
+    """The stream's files, opened, from a listing no rotation changed: taken under
+    the writer's rotation lock when there is one (logs written with rotation on);
+    without it, from a listing that still holds after the files were opened."""
+    try:
+        lock: IO[bytes] | None = (directory / ROTATION_LOCK).open("rb")
+    except OSError:
+        lock = None
+    try:
+        with _locked(lock, fcntl.LOCK_SH):
+            return _open_listed(directory, stream, attempts if lock is None else 1)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _open_listed(directory: Path, stream: str, attempts: int) -> list[IO[str]]:
     handles: list[IO[str]] = []
     for _ in range(attempts):
         paths = stream_files(directory, stream)
