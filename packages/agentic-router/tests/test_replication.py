@@ -15,6 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentic_router import Router, RouterConfig, RoutingRequest
+from agentic_router.engine_metrics import EngineMetrics
+from agentic_router.hookspecs import hookimpl
+from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_ids
 from agentic_router.replication import (
     MAX_EVENT_BYTES,
@@ -23,6 +26,7 @@ from agentic_router.replication import (
     decode,
     encode,
 )
+from agentic_router.types import RouterEvent
 
 ENGINES = ("engine_a", "engine_b", "engine_c", "engine_d")
 
@@ -260,6 +264,41 @@ def test_remote_load_counts_in_the_shadow_and_leaves_with_the_free() -> None:
     # the outbox holds b's own add only; a applying it sees b's one request
     assert _ship(sb, sa) == 1
     assert sum(a.registry.load(w).num_requests for w in range(4)) == 1
+
+
+def test_a_remote_reservation_reconciled_away_is_no_event_of_this_router() -> None:
+    """The engine's /metrics say a remote reservation is gone: this router frees it
+    and stops tracking it, but its policies and event hooks, which hear of this
+    router's own requests only, never hear of it."""
+    seen: list[RouterEvent] = []
+
+    class Observer:
+        @hookimpl
+        def agentic_router_event(self, router: Any, event: RouterEvent) -> None:
+            seen.append(event)
+
+    clock = Clock()
+    a = _router(clock)
+    pm = make_plugin_manager()
+    pm.register(Observer())
+    config = RouterConfig(engine_map={e: i for i, e in enumerate(ENGINES)}, use_real_state=False)
+    b = Router(
+        [f"http://{e}" for e in ENGINES], "unified", config=config, clock=clock, plugin_manager=pm
+    )
+    sa, sb = ReplicaSync(a, "a"), ReplicaSync(b, "b")
+    a.add_request(_req("theirs", None, 100, [1]), 0)
+    _ship(sa, sb)
+    wb = b.engine_worker("engine_a")
+    assert wb is not None
+    assert sb.remote_reservations() == 1
+    idle = EngineMetrics(num_running=0, num_waiting=0, kv_used_frac=0.0, source="vllm")
+    for _ in range(3):  # past the grace period and the minimum age
+        clock.now += max(config.reconcile_grace_s, config.reconcile_min_age_s) + 1
+        b.reconcile_from_metrics(wb, idle)
+    assert b.registry.load(wb).num_requests == 0
+    assert sb.remote_reservations() == 0
+    assert seen == []
+    assert sb.drain_outbox() == []  # nor is it sent on as this replica's free
 
 
 def test_events_applied_twice_or_echoed_change_nothing() -> None:

@@ -70,6 +70,7 @@ class ReplicaApply:
             decode_worker=decode_worker,
             prefill_tokens=prefill_tokens,
             bind_session=bind_session,
+            remote=True,
         )
         if entry is None:
             return False

@@ -28,6 +28,8 @@ class SequenceEntry:
     block_hashes: Sequence[int] = ()
     block_size: int = 1
     prefill_worker: int | None = None  # set once the entry moved
+    # another router replica's reservation (agentic_router.replication), not ours
+    remote: bool = False
 
 
 @dataclass(slots=True)

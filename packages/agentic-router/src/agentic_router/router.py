@@ -487,6 +487,8 @@ class Router(WorkerChanges, ReplicaApply):
     ) -> None:
         if self._sink is not None:
             self._sink(kind, entry, now, block_hashes)
+        if entry.remote:  # another replica's (reconciled away): not this Router's event
+            return
         payload: dict[str, Any] = {}
         if entry.decode_worker is not None:
             payload["decode_worker"] = entry.decode_worker

@@ -424,6 +424,7 @@ class SequenceState:
         decode_worker: int | None = None,
         prefill_tokens: int | None = None,
         bind_session: bool = True,
+        remote: bool = False,
     ) -> SequenceEntry | None:
         """AddRequest. Returns the new entry, or None for a duplicate (counted).
 
@@ -432,7 +433,8 @@ class SequenceState:
         `prefill_tokens` (another router replica's reservation, agentic_router.replication):
         the uncached tokens the deciding replica reserved, instead of this registry's
         guess; `bind_session=False` leaves the session's home as it is (a replica's
-        event older than the home this router already knows).
+        event older than the home this router already knows); `remote` marks it
+        another replica's.
         """
         self.workers.check(worker)
         if decode_worker is not None:
@@ -457,6 +459,7 @@ class SequenceState:
             decode_worker=decode_worker,
             block_hashes=block_hashes if decode_worker is not None else (),
             block_size=block_size,
+            remote=remote,
         )
         self.index.add(request_id, worker)
         self.active.add(entry)
