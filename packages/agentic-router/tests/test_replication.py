@@ -301,6 +301,25 @@ def test_a_remote_reservation_reconciled_away_is_no_event_of_this_router() -> No
     assert sb.drain_outbox() == []  # nor is it sent on as this replica's free
 
 
+def test_a_free_reaches_a_reservation_on_an_engine_retired_since() -> None:
+    """An engine leaves this replica's fleet while another replica's request still
+    runs there: that request's free still ends its reservation (not held until the
+    reservation's expiry as an event for an unknown engine)."""
+    _, a, b, sa, sb = _pair("load_only")
+    a.add_request(_req("theirs", None, 100, []), 0)
+    _ship(sa, sb)
+    wb = b.engine_worker("engine_a")
+    assert wb is not None
+    b.retire_worker(wb)
+    b.add_worker("http://engine_e", engine_id="engine_e")  # b remaps its engines
+    assert sb.remote_reservations() == 1
+    a.mark_prefill_completed("theirs")
+    a.free("theirs")
+    assert _ship(sa, sb) == 2
+    assert sb.remote_reservations() == 0
+    assert b.registry.load(wb).num_requests == 0
+
+
 def test_events_applied_twice_or_echoed_change_nothing() -> None:
     _, a, b, sa, sb = _pair()
     a.add_request(_req("r", "s", 100, [1]), 1)

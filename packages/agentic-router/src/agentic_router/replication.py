@@ -391,7 +391,9 @@ class ReplicaSync:
             self.counts[DUPLICATE] += 1
             return False
         self.lag_seconds = now - ev.ts
-        worker = self._worker(ev.engine_id)
+        # a prefill-done or free finds its reservation by id, wherever it is, even
+        # on an engine retired since (its id may no longer map to any worker)
+        worker = self._worker(ev.engine_id) if ev.kind in (ADD, HOME) else -1
         if worker is None:
             self.counts[UNKNOWN_ENGINE] += 1
             return False
