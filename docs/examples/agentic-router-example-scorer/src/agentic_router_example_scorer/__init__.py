@@ -17,25 +17,38 @@ DEFAULT_WEIGHT = 2000.0
 
 
 class ColdKv:
-    """Cost in 0..1: the worker's KV demand relative to the most loaded candidate's.
+    """Cost in 0..1: the KV a worker holds or will hold, relative to the candidate
+    holding most.
 
-    KV demand is `eff_ongoing_tokens`: the uncached prompt tokens still to prefill
-    plus the context of the requests decoding, all of which hold or will hold KV.
-    It is the router's own reservations, plus what a fresh snapshot shows beyond
-    them (requests another router or a client sent straight to the engine), the
-    convention every built-in scorer follows; without a feed, the reservations.
+    The router's own reservations count whole prompts (`shadow.blocks`: a cached
+    prefix holds KV too), plus, from a fresh snapshot, the work the engine runs
+    that the router did not place (another router's requests, a client's sent
+    straight to the engine): `eff_ongoing_tokens` beyond the shadow's. Without a
+    feed, the reservations alone (a scorer must handle None for every real-only
+    field, and work without them).
+
     The engine's gpu_kv_used_frac was tried and is worse: it counts none of the
     engine's queued requests nor the router's placements since the snapshot, so a
-    worker with a queue looked cold (cold_lmetric with the feed 5-6 % slower than
-    without on the simulated agentic trace).
+    worker with a queue looked cold; mixed with the shadow's relative figure for
+    stale engines, it also ranked candidates on two scales. With it, cold_lmetric
+    with the feed was 2-9 % slower than without (simulated, 8 engines, agentic and
+    Mooncake traces, 1-4x load).
     """
 
     name = "cold_kv"
-    description = "prefer free KV: tokens in or queued for KV, relative to the busiest candidate"
+    description = "prefer free KV: tokens held or queued for KV, relative to the busiest"
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
-        busiest = max((s.eff_ongoing_tokens for s in ctx.states), default=0) or 1
-        return [s.eff_ongoing_tokens / busiest for s in ctx.states]
+        block = max(1, ctx.request.block_size)
+        held = [
+            s.shadow.blocks * block
+            + s.eff_ongoing_tokens
+            - s.shadow.pending_prefill_tokens
+            - s.shadow.ongoing_decode_tokens
+            for s in ctx.states
+        ]
+        busiest = max(held, default=0) or 1
+        return [h / busiest for h in held]
 
 
 @hookimpl
