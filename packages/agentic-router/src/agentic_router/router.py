@@ -4,10 +4,9 @@ Owns one pool of workers' sequence state (agentic_router.state), their
 InstanceStates (agentic_router.instance) and the policy pipeline (filters ->
 scorers -> picker; agentic_router.policy, built-ins in agentic_router.builtin,
 all registered through the pluggy hooks of agentic_router.hookspecs). The
-proxy and the simulator both drive it. It must not do I/O or await: the
-feeds (agentic_router.feed) call in. All time goes through the injected
-`clock` (wall-clock seconds by default; the simulator passes its virtual
-clock, and the EngineState.ts it produces is virtual time too).
+proxy and the simulator both drive it. It must not do I/O or await: the feeds
+(agentic_router.feed) call in. All time goes through the injected `clock` (wall
+clock by default; the simulator's virtual clock, which its EngineState.ts use).
 
 API (stable; the proxy and the simulator code against this)
 -----------------------------------------------------------
@@ -494,9 +493,8 @@ class Router(WorkerChanges, ReplicaApply):
             payload["decode_worker"] = entry.decode_worker
         if entry.prefill_worker is not None:
             payload["prefill_worker"] = entry.prefill_worker
-        self._dispatch(
-            RouterEvent(kind, entry.request_id, entry.worker, entry.session_id, now, payload)
-        )
+        event = RouterEvent(kind, entry.request_id, entry.worker, entry.session_id, now, payload)
+        self._dispatch(event)
 
     def _dispatch(self, event: RouterEvent) -> None:
         on_event = getattr(self._decode, "on_event", None)
