@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
 from agentic_router import Router
 from agentic_router.builtin import BUILTIN_POLICIES
 from agentic_router.decision import LOG_ALL_CANDIDATES, LOG_TOP_CANDIDATES
+from agentic_router.hookspecs import hookimpl
+from agentic_router.policy import PolicySpec
 from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
 
 
@@ -248,12 +251,20 @@ def test_a_full_kv_cache_with_room_for_the_request_is_no_wall(
     assert d.worker == a
 
 
+class _WallThenLoad:
+    """A policy for the tests: drop KV walls (`avoid_kv_wall`), then the least load."""
+
+    @hookimpl
+    def agentic_router_policies(self, config: Any) -> list[PolicySpec]:
+        return [PolicySpec("wall_then_load", "test", (("load", 1.0),), filters=("avoid_kv_wall",))]
+
+
 def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
     """Between two snapshots, the one worker the snapshot showed with room must not take
     every request: its free KV shrinks by what the router placed there since."""
-    router = make_router(2, "unified", kv_wall_frac=0.9)
+    router = make_router(2, "wall_then_load", plugins=[_WallThenLoad()], kv_wall_frac=0.9)
     # 97 % used: 300 blocks (4800 tokens) free on 0; 1 is full (160 tokens free)
     router.apply_engine_states(
         {
@@ -270,6 +281,25 @@ def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
     # 4800 -> 2800 -> 800 tokens free on 0: the third one no longer fits there, both
     # are walls, and the least-loaded worker takes it
     assert picks == [0, 0, 1]
+
+
+def test_the_wall_guards_a_session_s_turn_not_a_request_without_a_home(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    """unified's target: a worker at the KV wall is avoided for a session leaving
+    home (its prefix would not stay), not for a request with no session history,
+    which goes where its predicted TTFT is lowest."""
+    router = make_router(3, "unified", kv_wall_frac=0.9)
+    home = _moving_session(router, make_request)
+    walled, other = [w for w in range(3) if w != home]
+    router.add_request(make_request(3000), other)  # other is the busier one
+    full = make_engine_state(walled, gpu_kv_used_frac=0.999, num_running=0, num_waiting=0)
+    router.apply_engine_states({f"engine_{walled}": full})
+    fresh = router.decide(make_request(4200))
+    assert fresh.worker == walled
+    turn = router.decide(make_request(4200, session="mover", prefix="mover"))
+    assert turn.reason == "home-overloaded"
+    assert turn.worker == other
 
 
 def test_min_ttft_waits_for_kv_room_on_the_worker_holding_the_cache(

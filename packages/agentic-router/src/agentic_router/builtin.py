@@ -419,29 +419,52 @@ class MigrationTargetScorer:
     or a session goes when it leaves (or has no) home.
 
     cost = predicted TTFT (agentic_router.cost)
-         + AVOID_PENALTY x [KV wall: gpu_kv_used_frac >= kv_wall_frac and the
+         + AVOID_PENALTY x [the request continues a session (it has a home), and
+                            KV wall: gpu_kv_used_frac >= kv_wall_frac and the
                             free KV cannot hold the request's new tokens]
 
     A mid-big-prefill or stalled worker is expensive, not forbidden: its
     predicted TTFT carries what is left of the prefill, and the cache it holds
     can still make it the best choice. Only a KV wall (fresh) is avoided, and
     a wall that still has room for what this request adds is no wall.
-    Without a feed the prediction runs on the shadow: the graceful fallback.
+
+    The wall guards a session's KV: a session that leaves home will come back
+    for the prefix it takes along, and on a worker at the wall that prefix is
+    evicted (or others' are) before its next turn. A request with no home has
+    no reuse known yet, and avoiding walls for it only trades its TTFT for a
+    residency it may never use: on the simulated Mooncake trace at 4x load
+    (most sessions one turn long), the wall for such requests made `unified`
+    with the feed 6 % slower than without it, and it helped nowhere
+    (docs/policies.md). Without a feed the prediction runs on the shadow: the
+    graceful fallback.
     """
 
     name = "migration_target"
     description = (
         "predicted TTFT (uncached work ahead + own uncached tokens at the prefill rate, "
-        "decode interference, stall remaining), avoiding gpu_kv_used_frac >= kv_wall_frac"
+        "decode interference, stall remaining); a session's turn avoids a KV wall "
+        "(gpu_kv_used_frac >= kv_wall_frac and no room for it)"
     )
 
-    def __init__(self, kv_wall: float, model: TtftModel, imposed_weight: float = 0.0) -> None:
+    def __init__(
+        self,
+        kv_wall: float,
+        model: TtftModel,
+        imposed_weight: float = 0.0,
+        *,
+        wall_for_all: bool = False,
+    ) -> None:
+        """`wall_for_all`: avoid walls for every request, homed or not (a P/D decode
+        choice, where a decode worker without room refuses the KV transfer)."""
         self.kv_wall = kv_wall
         self.model = model
         self.imposed_weight = imposed_weight
+        self.wall_for_all = wall_for_all
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
         costs = list(placement_costs(ctx, self.model, self.imposed_weight))
+        if ctx.home is None and not self.wall_for_all:
+            return costs
         kw = self.kv_wall
         for i, (s, need) in enumerate(zip(ctx.states, kv_need(ctx), strict=True)):
             if is_kv_wall(s, kw, need):

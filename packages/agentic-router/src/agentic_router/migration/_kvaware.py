@@ -113,7 +113,8 @@ class KvAwareScorer:
     def __init__(self, settings: MigrationSettings, config: RouterConfig) -> None:
         self.settings = settings
         model = TtftModel.of(config)
-        self.target = MigrationTargetScorer(config.kv_wall_frac, model)
+        # a decode worker at the wall refuses the transfer: avoided for every request
+        self.target = MigrationTargetScorer(config.kv_wall_frac, model, wall_for_all=True)
         self.rate = model.prefill_tokens_per_s
         self.session_capacity = config.session_capacity
         self.session_ttl_s = config.session_ttl_s
