@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import agentic_router_example_scorer as plugin
 
+from agentic_common import EngineState
 from agentic_router.plugins import check_router_options, describe, make_plugin_manager
 from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter
 from agentic_router.types import RouterConfig
 
 
-def _busy(make_engine_state: MakeEngineState, worker: int, decoding: int) -> object:
+def _busy(make_engine_state: MakeEngineState, worker: int, decoding: int) -> EngineState:
     """A fresh snapshot: `decoding` requests of 10,000 context tokens each that
     this router did not place (another router's, or a client's)."""
     return make_engine_state(
