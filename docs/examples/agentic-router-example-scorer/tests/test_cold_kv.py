@@ -10,16 +10,18 @@ from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRoute
 from agentic_router.types import RouterConfig
 
 
-def _busy(make_engine_state: MakeEngineState, worker: int, decoding: int) -> EngineState:
-    """A fresh snapshot: `decoding` requests of 10,000 context tokens each that
-    this router did not place (another router's, or a client's)."""
+def _busy(
+    make_engine_state: MakeEngineState, worker: int, decoding: int, context: int = 10_000
+) -> EngineState:
+    """A fresh snapshot: `decoding` requests of `context` tokens each that this
+    router did not place (another router's, or a client's)."""
     return make_engine_state(
         worker,
         num_running=decoding,
         num_waiting=0,
         num_decoding=decoding,
         num_prefilling=0,
-        ongoing_decode_tokens=10_000 * decoding,
+        ongoing_decode_tokens=context * decoding,
         pending_prefill_tokens=0,
         max_prefill_remaining=0,
     )
@@ -87,16 +89,7 @@ def test_weight_is_a_config_knob(
     picks = []
     for weight in (0.0, plugin.DEFAULT_WEIGHT):
         router = make_router(2, "cold_lmetric", plugins=[plugin], extra={"cold_kv_weight": weight})
-        long_context = make_engine_state(
-            0,
-            num_running=1,
-            num_waiting=0,
-            num_decoding=1,
-            num_prefilling=0,
-            ongoing_decode_tokens=100_000,
-            pending_prefill_tokens=0,
-            max_prefill_remaining=0,
-        )
+        long_context = _busy(make_engine_state, 0, decoding=1, context=100_000)
         router.apply_engine_states({"engine_0": long_context})
         router.add_request(make_request(10), 1)
         router.add_request(make_request(10), 1)
