@@ -200,8 +200,16 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                 for _ in range(1500):  # the feed runs at 20 ms; up to ~30 s a request
                     w = await worker_state()
                     # /state shows the latest snapshot even when stale; the claim is
-                    # about one the router uses (fresh), so wait for that
-                    if w["real"] is not None and w["fresh"] and w["real"]["num_running"] == 1:
+                    # about one the router uses (fresh), so wait for that. The engine
+                    # must hold our request alone: a request it still finishes or
+                    # aborts (another attempt's, on a loaded machine) is work the
+                    # router rightly counts beyond its own.
+                    real = w["real"]
+                    if (
+                        real is not None
+                        and w["fresh"]
+                        and (real["num_running"], real["num_waiting"]) == (1, 0)
+                    ):
                         seen = w
                         break
                     if r.active_requests() == 0:  # the request is over: unseen
@@ -221,7 +229,7 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
             assert real["num_decoding"] == 1
             assert seen["fresh"] is True
             assert seen["shadow"]["num_requests"] == 1
-            assert seen["effective"]["num_requests"] == 1
+            assert seen["effective"]["num_requests"] == 1, seen  # ours, counted once
             await resp.read()
             resp.release()
             assert r.active_requests() == 0
