@@ -391,26 +391,26 @@ class ReplicaSync:
             self.counts[DUPLICATE] += 1
             return False
         self.lag_seconds = now - ev.ts
-        # a prefill-done or free finds its reservation by id, wherever it is, even
-        # on an engine retired since (its id may no longer map to any worker)
-        worker = self._worker(ev.engine_id) if ev.kind in (ADD, HOME) else -1
-        if worker is None:
-            self.counts[UNKNOWN_ENGINE] += 1
-            return False
-        if ev.kind == HOME:
-            sid = ev.session_id
-            if sid is not None and self._homes.get(sid) == (ev.ts, ev.origin, ev.engine_id):
-                self.counts[KNOWN_HOME] += 1
-                return False
-            changed = sid is not None and self._apply_home(ev, worker)
+        rid = f"{_NS}{ev.origin}{_NS}{ev.request_id}"
+        # a prefill-done or free finds its reservation by id, with no engine lookup:
+        # one for an engine retired here since still reaches it
+        if ev.kind == PREFILL_COMPLETED:
+            changed = self._apply_prefill_completed(rid)
+        elif ev.kind == FREE:
+            changed = self._apply_free(ev.origin, rid)
         else:
-            rid = f"{_NS}{ev.origin}{_NS}{ev.request_id}"
+            worker = self._worker(ev.engine_id)
+            if worker is None:
+                self.counts[UNKNOWN_ENGINE] += 1
+                return False
             if ev.kind == ADD:
                 changed = self._apply_add(ev, rid, worker, now)
-            elif ev.kind == PREFILL_COMPLETED:
-                changed = self._apply_prefill_completed(rid)
-            else:
-                changed = self._apply_free(ev.origin, rid)
+            else:  # HOME
+                sid = ev.session_id
+                if sid is not None and self._homes.get(sid) == (ev.ts, ev.origin, ev.engine_id):
+                    self.counts[KNOWN_HOME] += 1
+                    return False
+                changed = sid is not None and self._apply_home(ev, worker)
         self.counts[APPLIED if changed else STALE] += 1
         return changed
 
