@@ -3,7 +3,8 @@ and a prefill-pool selector choosing the decode engine in P/D mode."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,7 @@ import pytest
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.policy import PolicySpec, ScoringContext
-from agentic_router.server.testing import FakeEngine, running_router
+from agentic_router.server.testing import FakeEngine, RunningRouter, running_router
 
 from .conftest import completion_body, config, run, sse_events
 
@@ -50,15 +51,25 @@ class _Plugin:
         ]
 
 
+@contextlib.asynccontextmanager
+async def _moving_decodes() -> AsyncIterator[
+    tuple[_Plugin, FakeEngine, FakeEngine, RunningRouter, aiohttp.ClientSession]
+]:
+    """Two vLLM engines A and B behind a router whose policy prefills on A and asks
+    for each decode to move to B (Mechanism B), and a client session."""
+    plugin = _Plugin(target=1)
+    pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+    a = FakeEngine("vllm", engine_id="A")
+    b = FakeEngine("vllm", engine_id="B")
+    cfg = config(engines=[a.url, b.url], policy="pin_prefill_0_move_decode")
+    async with a, b, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
+        yield plugin, a, b, r, s
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_mechanism_b_moves_the_decode_with_the_vllm_handshake(stream: bool) -> None:
     async def main() -> None:
-        plugin = _Plugin(target=1)
-        pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
-        a = FakeEngine("vllm", engine_id="A")
-        b = FakeEngine("vllm", engine_id="B")
-        cfg = config(engines=[a.url, b.url], policy="pin_prefill_0_move_decode")
-        async with a, b, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
+        async with _moving_decodes() as (plugin, a, b, r, s):
             for _ in range(2):
                 body = completion_body(stream=stream)
                 async with s.post(r.url + "/v1/completions", json=body) as resp:
@@ -219,12 +230,7 @@ def test_a_responses_chain_is_not_moved_and_each_turn_finds_its_stored_response(
     engine that stored each turn."""
 
     async def main() -> None:
-        plugin = _Plugin(target=1)
-        pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
-        a = FakeEngine("vllm", engine_id="A")
-        b = FakeEngine("vllm", engine_id="B")
-        cfg = config(engines=[a.url, b.url], policy="pin_prefill_0_move_decode")
-        async with a, b, running_router(cfg, pm) as r, aiohttp.ClientSession() as s:
+        async with _moving_decodes() as (_plugin, a, b, r, s):
             previous = None
             for turn in range(4):
                 body: dict[str, Any] = {"model": "tiny", "input": f"turn {turn}"}
