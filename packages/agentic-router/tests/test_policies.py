@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentic_router import Router
-from agentic_router.builtin import BUILTIN_POLICIES
+from agentic_router.builtin import AFFINITY_WEIGHT, BUILTIN_POLICIES
 from agentic_router.decision import LOG_ALL_CANDIDATES, LOG_TOP_CANDIDATES
 from agentic_router.hookspecs import hookimpl
 from agentic_router.policy import PolicySpec
@@ -223,16 +223,55 @@ def test_target_cache_rich_wins(make_router: MakeRouter, make_request: MakeReque
     assert {c.worker: c.features["cached_tokens"] for c in d.candidates}[b] == 4096
 
 
-def test_target_avoids_a_kv_wall_with_no_room_for_the_request(
-    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
-) -> None:
-    router = make_router(3, "unified", kv_wall_frac=0.9)
+class _DecodeTarget:
+    """A policy for the tests: unified's gate over `decode_target`, the target a P/D
+    decode pool (`kv_aware`) scores with, which keeps the KV wall."""
+
+    @hookimpl
+    def agentic_router_policies(self, config: Any) -> list[PolicySpec]:
+        scorers = (("session_affinity_gated", AFFINITY_WEIGHT), ("decode_target", 1.0))
+        return [PolicySpec("gated_decode_target", "test", scorers)]
+
+
+def _walled_cache(
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    policy: str,
+    used: float,
+) -> tuple[Router, int, int]:
+    """A session moving off its overloaded home, with a second worker `a` that holds
+    its prefix at `used` KV and a third `b` that is cold and empty."""
+    plugins = [_DecodeTarget()] if policy == "gated_decode_target" else []
+    router = make_router(3, policy, plugins=plugins, kv_wall_frac=0.9)
     home = _moving_session(router, make_request)
     a, b = [w for w in range(3) if w != home]
     router.add_request(make_request(4096, prefix="mover", session="other", request_id="o"), a)
     router.mark_prefill_completed("o")  # a is cache-rich
+    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=used)})
+    return router, a, b
+
+
+def test_unified_keeps_a_session_s_cache_on_a_full_kv_worker(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    """A full KV cache is a short wait for running requests to release theirs, not a
+    reason to re-prefill the session's prefix on a cold worker."""
     # 99.9 % used: 10 blocks (160 tokens) free, less than the append and its output
-    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=0.999)})
+    router, a, _b = _walled_cache(make_router, make_request, make_engine_state, "unified", 0.999)
+    d = router.decide(make_request(4200, session="mover", prefix="mover"))
+    assert d.reason == "home-overloaded"
+    assert d.worker == a
+    assert {c.worker: c.parts["migration_target"] for c in d.candidates}[a] < 1.0
+
+
+def test_the_decode_target_avoids_a_kv_wall_with_no_room_for_the_request(
+    make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
+) -> None:
+    """A decode worker at the wall would refuse the session's KV transfer."""
+    router, _a, b = _walled_cache(
+        make_router, make_request, make_engine_state, "gated_decode_target", 0.999
+    )
     d = router.decide(make_request(4200, session="mover", prefix="mover"))
     assert d.worker == b
 
@@ -240,13 +279,10 @@ def test_target_avoids_a_kv_wall_with_no_room_for_the_request(
 def test_a_full_kv_cache_with_room_for_the_request_is_no_wall(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
-    router = make_router(3, "unified", kv_wall_frac=0.9)
-    home = _moving_session(router, make_request)
-    a, _b = [w for w in range(3) if w != home]
-    router.add_request(make_request(4096, prefix="mover", session="other", request_id="o"), a)
-    router.mark_prefill_completed("o")
     # 97 % used still leaves 300 blocks (4800 tokens): the 104-token append fits
-    router.apply_engine_states({f"engine_{a}": make_engine_state(a, gpu_kv_used_frac=0.97)})
+    router, a, _b = _walled_cache(
+        make_router, make_request, make_engine_state, "gated_decode_target", 0.97
+    )
     d = router.decide(make_request(4200, session="mover", prefix="mover"))
     assert d.worker == a
 
@@ -286,10 +322,10 @@ def test_free_kv_counts_what_the_router_placed_since_the_snapshot(
 def test_the_wall_guards_a_session_s_turn_not_a_request_without_a_home(
     make_router: MakeRouter, make_request: MakeRequest, make_engine_state: MakeEngineState
 ) -> None:
-    """unified's target: a worker at the KV wall is avoided for a session leaving
+    """The decode target: a worker at the KV wall is avoided for a session leaving
     home (its prefix would not stay), not for a request with no session history,
     which goes where its predicted TTFT is lowest."""
-    router = make_router(3, "unified", kv_wall_frac=0.9)
+    router = make_router(3, "gated_decode_target", plugins=[_DecodeTarget()], kv_wall_frac=0.9)
     home = _moving_session(router, make_request)
     walled, other = [w for w in range(3) if w != home]
     router.add_request(make_request(3000), other)  # other is the busier one

@@ -419,43 +419,43 @@ class MigrationTargetScorer:
     or a session goes when it leaves (or has no) home.
 
     cost = predicted TTFT (agentic_router.cost)
-         + AVOID_PENALTY x [the request continues a session (it has a home), and
-                            KV wall: gpu_kv_used_frac >= kv_wall_frac and the
-                            free KV cannot hold the request's new tokens]
+         + AVOID_PENALTY x [kv_wall given, the request continues a session (it has a
+                            home) or `wall_for_all`, and the worker is at the KV wall:
+                            gpu_kv_used_frac >= kv_wall and the free KV cannot hold
+                            the request's new tokens]
 
     A mid-big-prefill or stalled worker is expensive, not forbidden: its
     predicted TTFT carries what is left of the prefill, and the cache it holds
-    can still make it the best choice. Only a KV wall (fresh) is avoided, and
-    a wall that still has room for what this request adds is no wall.
+    can still make it the best choice. Without a feed the prediction runs on
+    the shadow: the graceful fallback.
 
-    The wall guards a session's KV: a session that leaves home will come back
-    for the prefix it takes along, and on a worker at the wall that prefix is
-    evicted (or others' are) before its next turn. A request with no home has
-    no reuse known yet, and avoiding walls for it only trades its TTFT for a
-    residency it may never use: on the simulated Mooncake trace at 4x load
-    (most sessions one turn long), the wall for such requests made `unified`
-    with the feed 6 % slower than without it, and it helped nowhere
-    (docs/policies.md). Without a feed the prediction runs on the shadow: the
-    graceful fallback.
+    In an aggregated or prefill pool (`migration_target`, no `kv_wall`) a full
+    KV cache is not avoided either: the engine queues the request until running
+    requests release KV, a short wait next to the re-prefill a cold worker
+    costs. As a penalty for sessions' turns the wall made `unified` with the
+    feed worse than without it wherever it fired, in the simulator on both
+    bundled traces at 4x load (Mooncake +3.0 % mean TTFT and +12 % p90; agentic
+    +2.1 % over 48 seeds), and it fired nowhere at 1-3x (docs/policies.md).
+    A P/D decode pool keeps it (`decode_target`, `kv_aware`'s own target): a
+    decode worker at the wall refuses the KV transfer.
     """
 
     name = "migration_target"
     description = (
         "predicted TTFT (uncached work ahead + own uncached tokens at the prefill rate, "
-        "decode interference, stall remaining); a session's turn avoids a KV wall "
-        "(gpu_kv_used_frac >= kv_wall_frac and no room for it)"
+        "decode interference, stall remaining)"
     )
 
     def __init__(
         self,
-        kv_wall: float,
         model: TtftModel,
         imposed_weight: float = 0.0,
         *,
+        kv_wall: float | None = None,
         wall_for_all: bool = False,
     ) -> None:
-        """`wall_for_all`: avoid walls for every request, homed or not (a P/D decode
-        choice, where a decode worker without room refuses the KV transfer)."""
+        """`kv_wall`: avoid workers at this KV wall for a session's turn (None: never);
+        `wall_for_all`: for every request, homed or not."""
         self.kv_wall = kv_wall
         self.model = model
         self.imposed_weight = imposed_weight
@@ -463,13 +463,27 @@ class MigrationTargetScorer:
 
     def score(self, ctx: ScoringContext) -> Sequence[float]:
         costs = list(placement_costs(ctx, self.model, self.imposed_weight))
-        if ctx.home is None and not self.wall_for_all:
-            return costs
         kw = self.kv_wall
+        if kw is None or (ctx.home is None and not self.wall_for_all):
+            return costs
         for i, (s, need) in enumerate(zip(ctx.states, kv_need(ctx), strict=True)):
             if is_kv_wall(s, kw, need):
                 costs[i] += AVOID_PENALTY
         return costs
+
+
+class DecodeTargetScorer(MigrationTargetScorer):
+    """The migration target for a P/D decode pool (`kv_aware`): a session's turn
+    avoids a worker at the KV wall, which would refuse its KV transfer."""
+
+    name = "decode_target"
+    description = (
+        "P/D decode pool: predicted TTFT as migration_target; a session's turn avoids a KV "
+        "wall (gpu_kv_used_frac >= kv_wall_frac and no room for it)"
+    )
+
+    def __init__(self, kv_wall: float, model: TtftModel) -> None:
+        super().__init__(model, kv_wall=kv_wall)
 
 
 # -- hook implementations --------------------------------------------------------
@@ -507,7 +521,7 @@ def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
             fill_floor=config.gate_fill_floor,
             fill_full=config.gate_fill_full,
         ),
-        MigrationTargetScorer(config.kv_wall_frac, model),
+        MigrationTargetScorer(model),
     ]
 
 
@@ -541,7 +555,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "gated affinity: stay home unless another worker is clearly faster by predicted "
             "TTFT (the move's re-prefill included; the margins scale with the cluster's KV "
             "fill) or home's cache hit is low; else the migration target scorer (lowest "
-            "predicted TTFT, avoiding a KV wall) plus the waiting the placement's prefill "
+            "predicted TTFT) plus the waiting the placement's prefill "
             "adds to the requests queued behind it",
             (
                 ("session_affinity_gated", AFFINITY_WEIGHT),

@@ -114,7 +114,7 @@ class KvAwareScorer:
         self.settings = settings
         model = TtftModel.of(config)
         # a decode worker at the wall refuses the transfer: avoided for every request
-        self.target = MigrationTargetScorer(config.kv_wall_frac, model, wall_for_all=True)
+        self.target = MigrationTargetScorer(model, kv_wall=config.kv_wall_frac, wall_for_all=True)
         self.rate = model.prefill_tokens_per_s
         self.session_capacity = config.session_capacity
         self.session_ttl_s = config.session_ttl_s

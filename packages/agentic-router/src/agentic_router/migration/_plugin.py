@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from agentic_router.builtin import AFFINITY_WEIGHT
+from agentic_router.builtin import AFFINITY_WEIGHT, DecodeTargetScorer
 from agentic_router.cost import TtftModel
 from agentic_router.hookspecs import hookimpl
 from agentic_router.migration._kvaware import KvAwareScorer
@@ -38,6 +38,7 @@ def agentic_router_options() -> Sequence[RouterOption]:
 def agentic_router_scorers(config: RouterConfig) -> Sequence[Scorer]:
     return [
         KvAwareScorer(settings_from(config.extra), config),
+        DecodeTargetScorer(config.kv_wall_frac, TtftModel.of(config)),
         PrefillGatedAffinity(
             config.overload_factor,
             config.min_cache_hit,
@@ -62,7 +63,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "admission reasons, reset-on-success windowed reject counters, guarded migration "
             "(cooldown, budget) to the migration target scorer's pick, load-floor bonus for "
             "sessions not yet sticky (knobs: --migration-rule ...)",
-            ((KV_AWARE, AFFINITY_WEIGHT), ("migration_target", 1.0)),
+            ((KV_AWARE, AFFINITY_WEIGHT), ("decode_target", 1.0)),
             tie_break=("uncached_tokens", "eff_num_requests"),
             scope="decode",
         ),
