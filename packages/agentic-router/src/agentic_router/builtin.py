@@ -361,8 +361,8 @@ class GatedSessionAffinity:
         min_gain_s: float,
         model: TtftModel,
         imposed_weight: float = 0.0,
-        fill_floor: float = 0.3,
-        fill_full: float = 0.6,
+        fill_floor: float = 0.7,
+        fill_full: float = 0.9,
     ) -> None:
         self.overload_factor = overload_factor
         self.min_cache_hit = min_cache_hit

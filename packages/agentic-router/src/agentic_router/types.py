@@ -188,21 +188,23 @@ class RouterConfig:
         check=non_negative,
     )
     gate_fill_floor: float = setting(
-        0.3,
+        0.7,
         "unified: the KV fill (recently active sessions' prompt tokens over the cluster's "
         "KV) below which the gate has no margins (a session moves whenever it is faster)",
-        why="the bundled agentic trace at 1x load fills 0.35 (p90 0.52), where free moves "
-        "won in the simulator (0.274 s mean TTFT against 0.333 s with the full margins)",
+        why="the bundled agentic trace fills 0.35 (p90 0.52) at 1x load; free moves up to "
+        "0.7 won at 2x in the simulator (0.353 s mean TTFT over 16 seeds against 0.373 s "
+        "over 8 with margins from 0.3)",
         check=fraction(),
     )
     gate_fill_full: float = setting(
-        0.6,
+        0.9,
         "unified: the KV fill from which the gate's margins are overload_factor and "
         "min_ttft_gain_s in full (linear from gate_fill_floor)",
         why="the working set counts only the latest prompt of each recently active session; "
-        "the engines' KV also holds outputs and older prefixes. At 4x the agentic load "
-        "(fill p10 0.6, median 1.1) margins growing to 1.0 moved sessions off their cache "
-        "(mean TTFT +15 to +25 % over 4 seeds in the simulator)",
+        "the engines' KV also holds outputs and older prefixes, so it is full before the "
+        "fill reads 1. At 4x the agentic load (fill median 1.1) full margins from 0.9 did "
+        "best in the simulator (1.787 s mean TTFT over 24 seeds; 1.819 s from 1.0, 1.975 s "
+        "from 0.6 to 0.9)",
         check=positive,
     )
     min_cache_hit: float = setting(
