@@ -207,9 +207,10 @@ class ScoringContext:
 
     @cached_property
     def cache_capacities(self) -> list[int]:
-        """Each candidate's prefix-cache capacity in tokens (the registry's model of it)."""
-        cap = self.registry.capacity_tokens
-        return [cap[c] for c in self.candidates]
+        """Each candidate's prefix-cache capacity in tokens (the registry's model of it:
+        whole blocks)."""
+        cap = self.registry.block_capacity_tokens
+        return [cap(c) for c in self.candidates]
 
     @cached_property
     def eff_num_requests(self) -> list[int]:

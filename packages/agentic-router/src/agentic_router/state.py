@@ -240,6 +240,13 @@ class PromptRegistry:
     def capacity_blocks(self, worker: int) -> int:
         return max(1, self.capacity_tokens[worker] // self._block_tokens[worker])
 
+    def block_capacity_tokens(self, worker: int) -> int:
+        """The tokens the worker's modelled cache holds: whole blocks, as it evicts.
+        A capacity given in tokens that is not a whole number of blocks (the default,
+        or an engine's KV size) counts as the blocks it holds, so two capacities that
+        hold the same blocks give the same fill."""
+        return self.capacity_blocks(worker) * self._block_tokens[worker]
+
     def touch(
         self, worker: int, block_hashes: Sequence[int], now: float, *, block_size: int
     ) -> None:
