@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from agentic_router.cli import main
 from agentic_router.cli.analyze import analyze_dir
+from agentic_router.cli.demo import findings
 from agentic_router.sim import (
     AgenticParams,
     EngineConfig,
@@ -245,6 +247,36 @@ def test_demo_runs_and_prints_the_comparison(
         if (r["policy"], r["engine_state"]) == ("load_only", "off")
     }
     assert naive[4.0] > 2 * naive[1.0]
+
+
+def _summary(policy: str, feed: str, load: float, mean: float) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "engine_state": feed,
+        "speedup": load,
+        "seed": 0,
+        "ttft_s": {"mean": mean, "p90": 2 * mean},
+        "cache_hit_rate": 0.5,
+    }
+
+
+def test_the_demo_says_a_single_replay_s_feed_change_is_not_a_finding() -> None:
+    """One seed per point: a feed that changed decisions at a loaded point moves that
+    replay by chance as much as by the feed, and the demo says so, naming the point."""
+    same = [
+        _summary(p, f, x, m)
+        for p, m in (("unified", 0.3), ("load_only", 1.0))
+        for f in ("off", "on")
+        for x in (1.0, 4.0)
+    ]
+    assert not any("Average seeds" in line for line in findings(same))
+    moved = [*same, _summary("min_ttft", "off", 4.0, 2.0), _summary("min_ttft", "on", 4.0, 2.4)]
+    text = " ".join(" ".join(findings(moved)).split())  # the note is wrapped
+    assert "min_ttft: x4 +20.0 %" in text
+    assert "(min_ttft x4)" in text
+    assert "Average seeds before concluding" in text
+    averaged = [{**s, "seeds": [0, 1, 2]} for s in moved]
+    assert "Average seeds" not in " ".join(findings(averaged))
 
 
 def test_plots_are_written_when_matplotlib_is_installed(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
             line += f"; load_only {_mean(base):.2f} s ({_mean(base) / _mean(best):.1f}x)"
         out.append(line)
     out.append("Feed on vs off (mean TTFT change per load; negative = the feed helped):")
+    moved = []
     for policy in dict.fromkeys(s["policy"] for s in runs):
         cells = []
         for x in loads:
@@ -92,8 +94,19 @@ def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
             if off is None or on is None:
                 continue
             cells.append(f"x{x:g} {100 * (_mean(on) / _mean(off) - 1):+.1f} %")
+            if _mean(on) != _mean(off):
+                moved.append(f"{policy} x{x:g}")
         if cells:
             out.append(f"  {policy}: " + ", ".join(cells))
+    if moved and all(len(s.get("seeds", [s.get("seed")])) == 1 for s in runs):
+        note = (
+            "+0.0 %: the same replay with and without the feed. Where the feed changed "
+            f"decisions ({', '.join(moved)}), each figure is one replay, and a changed "
+            "decision sends a loaded replay down another path: one seed's mean moves by "
+            "tens of percent either way. Average seeds before concluding: `agentic-router "
+            "replay --trace agentic --policies ... --speedup 1,2,3,4 --seeds $(seq -s, 0 23)`."
+        )
+        out.extend(textwrap.wrap(note, 88, initial_indent="  ", subsequent_indent="  "))
     choice = recommend(runs)
     if choice is not None:
         policy, worst = choice
