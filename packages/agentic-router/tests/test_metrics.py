@@ -17,7 +17,7 @@ from agentic_router.engine_metrics import (
     engine_metrics,
     parse_prometheus_text,
 )
-from agentic_router.feed import MetricsReconciler
+from agentic_router.feed import MAX_METRICS_BYTES, MetricsReconciler
 from agentic_router.pytest_plugin import MakeRequest, MakeRouter, ManualClock
 
 VLLM_METRICS = """\
@@ -186,3 +186,52 @@ def test_reconciler_scrapes_real_http(
     snap = router.snapshot()
     assert snap["workers"][0]["metrics"]["num_running"] == 5
     assert snap["workers"][1]["metrics"]["source"] == "sglang"
+
+
+def test_a_huge_or_oddly_encoded_metrics_body_fails_alone(
+    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
+) -> None:
+    """A broken engine's /metrics: a body past MAX_METRICS_BYTES is refused unread (it
+    was buffered whole), and a response declaring an unknown charset is read as the
+    UTF-8 the format is (its decode raised and skipped every later worker). The
+    worker after them is still reconciled."""
+    router = make_router(3, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
+    router.add_request(make_request(100, request_id="leak"), 2)
+    huge = b"vllm:num_requests_running 1\n" * (MAX_METRICS_BYTES // 20)
+
+    async def go() -> MetricsReconciler:
+        async def big(_: web.Request) -> web.StreamResponse:
+            return web.Response(body=huge, content_type="text/plain")
+
+        async def odd(_: web.Request) -> web.StreamResponse:
+            body = b"sglang:num_running_reqs 3\n"
+            return web.Response(body=body, content_type="text/plain", charset="no-such-charset")
+
+        app = web.Application()
+        app.router.add_get("/huge", big)
+        app.router.add_get("/odd", odd)
+        app.router.add_get("/good", _text("sglang:num_running_reqs 0\n"))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        base = f"http://127.0.0.1:{port}"
+        rec = MetricsReconciler(router, [f"{base}/huge", f"{base}/odd", f"{base}/good"])
+        try:
+            await rec.scrape_once()
+            agentic_clock.advance(5.0)
+            await rec.scrape_once()
+        finally:
+            await rec.stop()
+            await runner.cleanup()
+        return rec
+
+    assert len(huge) > MAX_METRICS_BYTES
+    rec = asyncio.run(go())
+    assert rec.stats.scrapes == 2
+    assert dict(rec.stats.failures) == {"too_large": 2}
+    snap = router.snapshot()
+    assert "metrics" not in snap["workers"][0] or snap["workers"][0]["metrics"] is None
+    assert snap["workers"][1]["metrics"]["num_running"] == 3
+    assert "leak" not in router.state.index  # worker 2 reported 0 requests

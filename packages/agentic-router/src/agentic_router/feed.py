@@ -27,7 +27,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from agentic_common import AsyncStateReader, EngineState, Freshness, open_async_reader
 from agentic_router.engine_metrics import engine_metrics, parse_prometheus_text
@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 __all__ = ["EngineIdWatch", "Feed", "MetricsReconciler", "ReconcileStats", "StateFeed"]
 
 log = logging.getLogger("agentic_router.feed")
+
+#: a /metrics body larger than this is refused (counted as "too_large"): vLLM's and
+#: SGLang's are tens to hundreds of KB, and a broken or hostile engine must not make
+#: the router buffer and parse gigabytes on its event loop
+MAX_METRICS_BYTES: Final = 4 * 2**20
 
 
 class Feed(Protocol):
@@ -313,6 +318,18 @@ class ReconcileStats:
     failures: Counter[str] = field(default_factory=Counter)
 
 
+async def _read_capped(stream: Any, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it is longer than `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in stream.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class MetricsReconciler:
     """Async loop: every `period_s`, GET each worker's metrics URL and call
     `router.reconcile_from_metrics`. Start it with the app, stop it with the app.
@@ -363,10 +380,16 @@ class MetricsReconciler:
                         if resp.status != 200:
                             self.stats.failures[f"http_{resp.status}"] += 1
                             continue
-                        text = await resp.text()
+                        body = await _read_capped(resp.content, MAX_METRICS_BYTES)
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     self.stats.failures[type(exc).__name__] += 1
                     continue
+                if body is None:
+                    self.stats.failures["too_large"] += 1
+                    continue
+                # the text format is UTF-8 whatever charset the response declares (an
+                # unknown one made the decode raise and skip every later worker)
+                text = body.decode("utf-8", errors="replace")
                 metrics = engine_metrics(parse_prometheus_text(text))
                 if metrics is None:
                     self.stats.failures["no_known_metrics"] += 1
