@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from hypothesis import given, settings
@@ -19,6 +19,7 @@ from agentic_router.engine_metrics import (
 )
 from agentic_router.feed import MAX_METRICS_BYTES, MetricsReconciler
 from agentic_router.pytest_plugin import MakeRequest, MakeRouter, ManualClock
+from agentic_router.router import Router
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -152,34 +153,49 @@ def _text(body: str, status: int = 200) -> Callable[[web.Request], Awaitable[web
     return handler
 
 
-def test_reconciler_scrapes_real_http(
-    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
-) -> None:
-    router = make_router(3, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
-    router.add_request(make_request(100, request_id="leak"), 1)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _scrape_twice(
+    router: Router, clock: ManualClock, engines: Sequence[Handler]
+) -> MetricsReconciler:
+    """Serve each engine's /metrics over real HTTP; scrape all of them twice, 5 s apart."""
 
     async def go() -> MetricsReconciler:
         app = web.Application()
-        app.router.add_get("/vllm", _text(VLLM_METRICS))
-        app.router.add_get("/sglang", _text("sglang:num_running_reqs 0\n"))
-        app.router.add_get("/broken", _text("", status=500))
+        for i, handler in enumerate(engines):
+            app.router.add_get(f"/{i}", handler)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        base = f"http://127.0.0.1:{port}"
-        rec = MetricsReconciler(router, [f"{base}/vllm", f"{base}/sglang", f"{base}/broken"])
+        rec = MetricsReconciler(
+            router, [f"http://127.0.0.1:{port}/{i}" for i in range(len(engines))]
+        )
         try:
             await rec.scrape_once()
-            agentic_clock.advance(5.0)
+            clock.advance(5.0)
             await rec.scrape_once()
         finally:
             await rec.stop()
             await runner.cleanup()
         return rec
 
-    rec = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_reconciler_scrapes_real_http(
+    make_router: MakeRouter, make_request: MakeRequest, agentic_clock: ManualClock
+) -> None:
+    router = make_router(3, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
+    router.add_request(make_request(100, request_id="leak"), 1)
+    engines = [
+        _text(VLLM_METRICS),
+        _text("sglang:num_running_reqs 0\n"),
+        _text("", status=500),
+    ]
+    rec = _scrape_twice(router, agentic_clock, engines)
     assert rec.stats.scrapes == 2
     assert rec.stats.failures["http_500"] == 2
     assert "leak" not in router.state.index  # worker 1 reported 0 requests
@@ -198,37 +214,16 @@ def test_a_huge_or_oddly_encoded_metrics_body_fails_alone(
     router = make_router(3, reconcile_grace_s=1.0, reconcile_min_age_s=1.0)
     router.add_request(make_request(100, request_id="leak"), 2)
     huge = b"vllm:num_requests_running 1\n" * (MAX_METRICS_BYTES // 20)
-
-    async def go() -> MetricsReconciler:
-        async def big(_: web.Request) -> web.StreamResponse:
-            return web.Response(body=huge, content_type="text/plain")
-
-        async def odd(_: web.Request) -> web.StreamResponse:
-            body = b"sglang:num_running_reqs 3\n"
-            return web.Response(body=body, content_type="text/plain", charset="no-such-charset")
-
-        app = web.Application()
-        app.router.add_get("/huge", big)
-        app.router.add_get("/odd", odd)
-        app.router.add_get("/good", _text("sglang:num_running_reqs 0\n"))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        base = f"http://127.0.0.1:{port}"
-        rec = MetricsReconciler(router, [f"{base}/huge", f"{base}/odd", f"{base}/good"])
-        try:
-            await rec.scrape_once()
-            agentic_clock.advance(5.0)
-            await rec.scrape_once()
-        finally:
-            await rec.stop()
-            await runner.cleanup()
-        return rec
-
     assert len(huge) > MAX_METRICS_BYTES
-    rec = asyncio.run(go())
+
+    async def big(_: web.Request) -> web.StreamResponse:
+        return web.Response(body=huge, content_type="text/plain")
+
+    async def odd(_: web.Request) -> web.StreamResponse:
+        body = b"sglang:num_running_reqs 3\n"
+        return web.Response(body=body, content_type="text/plain", charset="no-such-charset")
+
+    rec = _scrape_twice(router, agentic_clock, [big, odd, _text("sglang:num_running_reqs 0\n")])
     assert rec.stats.scrapes == 2
     assert dict(rec.stats.failures) == {"too_large": 2}
     snap = router.snapshot()
