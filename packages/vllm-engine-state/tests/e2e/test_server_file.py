@@ -45,8 +45,13 @@ def test_engine_core_publishes_from_the_start(served: tuple[VLLMServer, Path]) -
     wait_for(lambda: "engine_0" in reader.read_all())
     first = reader.read_all()["engine_0"]
     wait_for(lambda: reader.read_all()["engine_0"].seq > first.seq + 3)
-    # One publisher: the EngineCore. Not the API server, not the worker.
-    assert sorted(p.name for p in state_dir.iterdir()) == ["engine_0.json"]
+    # One publisher: the EngineCore. Not the API server, not the worker. A listing can
+    # catch a snapshot mid-write (every 10 ms here): its temp file,
+    # .<id>.<pid>.<thread>.tmp, must be that same publisher's.
+    names = sorted(p.name for p in state_dir.iterdir())
+    assert [n for n in names if not n.startswith(".")] == ["engine_0.json"]
+    writing = [n.split(".") for n in names if n.startswith(".")]
+    assert all(w[1] == "engine_0" and int(w[2]) == first.pid for w in writing), names
     assert first.pid in server.pids()
     assert server.proc is not None
     assert first.pid != server.proc.pid
