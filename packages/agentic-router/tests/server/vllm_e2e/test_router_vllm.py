@@ -199,6 +199,14 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                 await resp.content.readuntil(b"\n\n")
                 for _ in range(1500):  # the feed runs at 20 ms; up to ~30 s a request
                     w = await worker_state()
+                    # The router frees the request when its stream ends, which can
+                    # be before the engine's last snapshot stops showing it: a
+                    # sample taken then shows the engine running a request the
+                    # router no longer holds. Our request was still held when the
+                    # /state answer was built only if it is held now (nothing else
+                    # adds one), so that is checked first.
+                    if r.active_requests() == 0:  # the request is over: unseen
+                        break
                     # /state shows the latest snapshot even when stale; the claim is
                     # about one the router uses (fresh), so wait for that. The engine
                     # must hold our request alone: a request it still finishes or
@@ -211,8 +219,6 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                         and (real["num_running"], real["num_waiting"]) == (1, 0)
                     ):
                         seen = w
-                        break
-                    if r.active_requests() == 0:  # the request is over: unseen
                         break
                     await asyncio.sleep(0.02)
                 if seen is not None:
