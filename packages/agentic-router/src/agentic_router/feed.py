@@ -105,6 +105,9 @@ class EngineIdWatch:
         self._strangers: dict[str, None] = {}
         self._logged: set[tuple[str, str]] = set()
         self._joined: dict[str, tuple[float, int]] = {}  # joined at run time: (when, polls)
+        # configured ids found missing by the latest poll (and so logged): what
+        # `problems` reports, so /health never names one the log has not
+        self._missing_ids: frozenset[str] = frozenset()
 
     def observe(self, states: Mapping[str, EngineState]) -> None:
         now = self._clock()
@@ -120,9 +123,11 @@ class EngineIdWatch:
                 continue
             self._received.add(engine_id)
             self._observe_identity(engine_id, (st.host, st.pid), now)
+        missing = frozenset(e for e in self.engine_ids if self._missing(e, now))
         for engine_id in self.engine_ids:
-            if self._missing(engine_id, now):
+            if engine_id in missing:
                 self._report(engine_id, NO_SNAPSHOT)
+        self._missing_ids = missing
 
     def set_engine_ids(self, engine_ids: Sequence[str]) -> None:
         """The configured engines changed: an engine that left has no problem any
@@ -131,6 +136,7 @@ class EngineIdWatch:
         now = self._clock()
         joined = set(engine_ids) - set(self.engine_ids)
         self.engine_ids = tuple(engine_ids)
+        self._missing_ids = self._missing_ids.intersection(engine_ids) - joined
         for engine_id in joined:
             self._joined[engine_id] = (now, self._polls)
             self._received.discard(engine_id)  # an id that comes back starts afresh
@@ -165,11 +171,12 @@ class EngineIdWatch:
 
     @property
     def problems(self) -> dict[str, str]:
-        """engine id -> its current problem (duplicate_publishers or no_snapshot)."""
+        """engine id -> its current problem (duplicate_publishers or no_snapshot), as of
+        the latest poll."""
         now = self._clock()
         out: dict[str, str] = {}
         for engine_id in self.engine_ids:
-            if self._missing(engine_id, now):
+            if engine_id in self._missing_ids:
                 out[engine_id] = NO_SNAPSHOT
         wanted = set(self.engine_ids)
         for engine_id, until in self._duplicate_until.items():
