@@ -442,13 +442,19 @@ class ReplicaLink:
                 log.exception("replica sync: draining the outbox failed")
             try:
                 if now >= next_beat:
-                    if last_beat is not None and now - last_beat > self.heartbeat_ttl_s:
-                        # our heartbeat lapsed (a stalled loop, failed writes): the
-                        # others may have forgotten us, so tell them all again
-                        self._dirty = True
+                    sent = time.monotonic()
                     await self._heartbeat()
-                    last_beat = now = time.monotonic()
-                    next_beat = now + self.heartbeat_ttl_s / 3
+                    # Our previous beat's key expired if this one landed more than a
+                    # TTL after that one was sent (a stalled loop, failed writes, a
+                    # process stopped even mid-beat): the others may have forgotten
+                    # us, so tell them all again.
+                    if (
+                        last_beat is not None
+                        and time.monotonic() - last_beat > self.heartbeat_ttl_s
+                    ):
+                        self._dirty = True
+                    last_beat = sent
+                    next_beat = sent + self.heartbeat_ttl_s / 3
                 while (self._queue or self._dirty) and self._joined:
                     await self._flush()
             except Exception as exc:
