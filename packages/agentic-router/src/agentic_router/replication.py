@@ -292,6 +292,11 @@ class ReplicaSync:
         self.router.set_sequence_sink(None)
 
     # -- out -------------------------------------------------------------------------
+    @property
+    def outbox_size(self) -> int:
+        """Events made since the last `drain_outbox()`."""
+        return len(self._outbox)
+
     def drain_outbox(self) -> list[ReplicaEvent]:
         """This replica's events since the last call, oldest first."""
         out, self._outbox = self._outbox, []

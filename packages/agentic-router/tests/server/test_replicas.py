@@ -90,10 +90,14 @@ _FULL_MARGINS = ("--router-option", "gate_fill_floor=0", "--router-option", "gat
 
 
 async def _caught_up(http: aiohttp.ClientSession, replicas: list[Replica]) -> None:
-    """Every replica has applied every event the others published."""
+    """Every replica has published every event it made (a session's home included: the
+    publisher writes every few ms, and a fake engine answers faster) and applied every
+    event the others published."""
 
     async def check() -> bool:
         ms = await _all_metrics(http, replicas)
+        if any(m["agentic_router_replica_events_unpublished{}"] for m in ms):
+            return False
         total = sum(_published(m) for m in ms)
         return all(_applied(m) == total - _published(m) for m in ms)
 
@@ -393,12 +397,20 @@ def test_killing_and_restarting_redis_loses_no_request(
             await _store_up(http, replicas, 0, "every replica noticed the outage")
             seen = len(done)
             await eventually(lambda: len(done) >= seen + 30, "requests served meanwhile")
+            # what each replica did meanwhile waits to be written
+            unpublished = "agentic_router_replica_events_unpublished{}"
+            assert all(m[unpublished] > 0 for m in await _all_metrics(http, replicas))
             redis_server.start()
             await asyncio.gather(*load)
             assert len(done) == 240
             assert set(done) == {200}
             await _store_up(http, replicas, 1, "every replica reconnected")
             await _converged(http, replicas, engines, set())
+
+            async def written() -> bool:
+                return not any(m[unpublished] for m in await _all_metrics(http, replicas))
+
+            await _until(written, "every replica wrote what it did during the outage")
             # the replicas share state again: a held request is seen by all three
             for e in engines:
                 e.faults.first_token_delay_s = 3600.0

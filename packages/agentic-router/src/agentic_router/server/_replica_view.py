@@ -31,6 +31,7 @@ def replica_status(link: ReplicaLink) -> dict[str, Any]:
         "dropped": dict(link.dropped),
         "forgotten_reservations": dict(link.forgotten),
         "queued": link.queued,
+        "unpublished": link.unpublished,
         "peers": {
             pid: {
                 "host": p.host,
@@ -67,6 +68,13 @@ def replica_families(link: ReplicaLink) -> list[Family]:
         "this replica's events written to the shared stream",
     )
     published.set(value=float(link.published))
+    unpublished = Family(
+        "agentic_router_replica_events_unpublished",
+        "gauge",
+        "this replica's events not yet written to the shared stream (made, queued or being "
+        "written): the others cannot see them yet",
+    )
+    unpublished.set(value=float(link.unpublished))
     applied = Family(
         "agentic_router_replica_events_applied_total",
         "counter",
@@ -123,4 +131,16 @@ def replica_families(link: ReplicaLink) -> list[Family]:
     for pool, sync in link.syncs.items():
         for result, n in sync.counts.items():
             results.set(pool, result, value=float(n))
-    return [lag, peers, published, applied, dropped, forgotten, up, outage, outages, results]
+    return [
+        lag,
+        peers,
+        published,
+        unpublished,
+        applied,
+        dropped,
+        forgotten,
+        up,
+        outage,
+        outages,
+        results,
+    ]

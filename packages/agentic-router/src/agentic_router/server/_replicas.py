@@ -183,6 +183,7 @@ class ReplicaLink:
             p: OrderedDict() for p in self.syncs
         }
         self._dirty = False  # the others' view of us is wrong: send reset + live state
+        self._sending = 0  # events of a reset being written (out of the queue already)
         # Our events go out under `<replica id>/<epoch>` with the epoch's own seq: a
         # reset starts a new epoch, so the others (whose ReplicaSync remembers what it
         # forgot) take our republished reservations as new ones.
@@ -362,11 +363,14 @@ class ReplicaLink:
                         self._xadd_event(pipe, pool, ev)
                         n += 1
             self._dirty = False
+            self._sending = n
             try:
                 await pipe.execute()
             except BaseException:
                 self._dirty = True
                 raise
+            finally:
+                self._sending = 0
             self.controls_sent["reset"] += 1
             self.published += n
             return
@@ -581,6 +585,14 @@ class ReplicaLink:
     def queued(self) -> int:
         """Events waiting to be published."""
         return len(self._queue)
+
+    @property
+    def unpublished(self) -> int:
+        """Our events the others cannot have yet: in the pools' outboxes, queued, or
+        being written (a reset's live state); 0 means every event this replica made
+        so far is in the stream."""
+        outboxes = sum(sync.outbox_size for sync in self.syncs.values())
+        return outboxes + len(self._queue) + self._sending + int(self._dirty)
 
     def lag_seconds(self) -> float:
         return max((float(s.lag_seconds) for s in self.syncs.values()), default=0.0)
