@@ -166,6 +166,7 @@ def test_engines_that_hang_truncate_send_garbage_die_and_restart_under_load(
 
                 chaos_task = asyncio.create_task(chaos.run())
                 await asyncio.gather(*(client() for _ in range(240)))
+                await eventually(lambda: len(chaos.seen) == 6, "every kind of chaos happened")
                 chaos.calm.set()
                 await chaos_task
                 for e in engines:
@@ -213,9 +214,14 @@ class _Chaos:
 
     async def run(self) -> None:
         rng = self.rng
+        kinds = ["hang", "truncate", "garbage", "die", "restart", "heal"]
+        turns: list[str] = []
         while not self.calm.is_set():
             i = rng.randrange(len(self.engines))
-            what = rng.choice(["hang", "truncate", "garbage", "die", "restart", "heal"])
+            # every kind once per round of six, in random order: each has happened
+            # 0.2 s into the load, however fast the machine serves it
+            turns = turns or rng.sample(kinds, len(kinds))
+            what = turns.pop()
             self.seen[what] += 1
             faults = Faults(token_interval_s=0.002)
             if what == "hang":
