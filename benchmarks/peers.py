@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -329,6 +330,36 @@ def _stop(proc: subprocess.Popen[Any] | None) -> None:
         proc.wait()
 
 
+def _start_floors(
+    urls: list[str], procs: list[subprocess.Popen[Any]]
+) -> dict[str, tuple[str, int]]:
+    """The two pass-throughs of _floors.py in front of `urls`: name -> (url, pid)."""
+    floors = Path(__file__).with_name("_floors.py")
+    out = {}
+    kinds = ["aiohttp"]
+    if importlib.util.find_spec("httptools") is not None:
+        kinds.append("raw")
+    else:
+        print("--floors: no httptools here, floor-raw skipped", file=sys.stderr)
+    for kind in kinds:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, str(floors), kind, str(port), *urls])
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(_wait_ready(url, "/health"))
+        out[f"floor-{kind}"] = (url, proc.pid)
+    return out
+
+
+def _floor_ratios(row: dict[str, Any], sglang_cpu_us: float) -> dict[str, float]:
+    """Each pass-through's CPU per request in a round's row, over sglang-router's."""
+    return {
+        f"{name}_cpu_per_req": round(v["cpu_us_per_req"] / sglang_cpu_us, 3)
+        for name, v in row.items()
+        if name.startswith("floor-")
+    }
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
@@ -353,6 +384,12 @@ def main() -> int:
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--policy", default="unified", help="agentic-router's policy")
     parser.add_argument("--event-loop", default="auto", choices=("auto", "asyncio", "uvloop"))
+    parser.add_argument(
+        "--floors",
+        action="store_true",
+        help="also measure two pass-throughs with no routing (_floors.py: aiohttp, and "
+        "asyncio + httptools): what a proxy on each stack pays before deciding anything",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -395,6 +432,8 @@ def main() -> int:
         asyncio.run(_wait_ready(a_url, "/health"))
         asyncio.run(_wait_ready(s_url, "/health"))
         targets = {"agentic-router": (a_url, agentic.pid), "sglang-router": (s_url, sglang.pid)}
+        if args.floors:
+            targets.update(_start_floors(urls, procs))
         for url, _ in targets.values():  # warm connection pools, imports, caches
             _drive([url], 100, 2048, 4, 99, None)
             _drive([url], 20, sizes[-1], 4, 98, None)
@@ -425,6 +464,7 @@ def main() -> int:
                         "cpu_per_req": round(a["cpu_us_per_req"] / s["cpu_us_per_req"], 3),
                         "req_per_s": round(a["req_per_s"] / s["req_per_s"], 3),
                     }
+                    row["ratio"].update(_floor_ratios(row, s["cpu_us_per_req"]))
                     row["direct_p50_ms"] = round(direct["p50_ms"], 3)
                     rounds.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -442,8 +482,9 @@ def main() -> int:
                         "p99_ms": _median([x[name]["latency_ms"]["p99"] for x in rows]),
                         "added_p50_ms": _median([x[name]["added_p50_ms"] for x in rows]),
                     }
-                entry["ratio_cpu_per_req"] = _median([x["ratio"]["cpu_per_req"] for x in rows])
-                entry["ratio_req_per_s"] = _median([x["ratio"]["req_per_s"] for x in rows])
+                entry.update(
+                    {f"ratio_{k}": _median([x["ratio"][k] for x in rows]) for k in rows[0]["ratio"]}
+                )
                 summary.append(entry)
         print(
             json.dumps(
