@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 def _loop_policy() -> None:
     try:
-        import uvloop
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -74,7 +74,7 @@ class _Upstream(asyncio.Protocol):
     """One kept-alive connection to an engine; one request at a time."""
 
     def __init__(self) -> None:
-        import httptools
+        import httptools  # type: ignore[import-not-found,unused-ignore]
 
         self.parser = httptools.HttpResponseParser(self)
         self.transport: Any = None
@@ -136,7 +136,7 @@ class _Client(asyncio.Protocol):
     """One client connection: requests parsed in C, forwarded in arrival order."""
 
     def __init__(self, engines: _Engines) -> None:
-        import httptools
+        import httptools  # type: ignore[import-not-found,unused-ignore]
 
         self.engines = engines
         self.parser = httptools.HttpRequestParser(self)

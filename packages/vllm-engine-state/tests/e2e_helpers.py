@@ -95,12 +95,28 @@ def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[
 
     Several prompts, so that the prefill spans enough 64-token steps to be
     sampled a few times even by a 50 ms publisher on a fast machine; each is
-    different, so the prefix cache cannot shorten it.
+    different, so the prefix cache cannot shorten it. A loaded machine can starve
+    the engine's publisher through most of the prefill, so a round whose samples
+    miss the prefill's first half is run again with new prompts (at most three
+    rounds): the claim is about what the feed shows when it samples.
     """
+    for attempt in range(3):
+        seen = _long_prefill_round(server, reader, attempt)
+        prefilling = [s for s in seen if s.num_prefilling > 0]
+        if (
+            prefilling
+            and max(s.max_prefill_remaining for s in prefilling) > LONG_PROMPT_TOKENS // 2
+        ):
+            break
+    return _check_prefill_seen(seen)
+
+
+def _long_prefill_round(server: VLLMServer, reader: StateReader, attempt: int) -> list[EngineState]:
+    """One round of LONG_PROMPTS new prompts sent at once: the snapshots seen meanwhile."""
     wait_for(lambda: _idle(reader))
     prompts = [
         [3 + (i * 7 + 131 * k) % 900 for i in range(LONG_PROMPT_TOKENS)]
-        for k in range(LONG_PROMPTS)
+        for k in range(attempt * LONG_PROMPTS, (attempt + 1) * LONG_PROMPTS)
     ]
     usage: list[int] = []
 
@@ -117,9 +133,14 @@ def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[
         assert usage == [LONG_PROMPT_TOKENS] * LONG_PROMPTS
         done_at = time.time()
         wait_for(lambda: bool(watcher.seen) and watcher.seen[-1].ts > done_at + 0.05)
-    prefilling = [s for s in watcher.seen if s.num_prefilling > 0]
+    return watcher.seen
+
+
+def _check_prefill_seen(seen: list[EngineState]) -> list[int]:
+    prefilling = [s for s in seen if s.num_prefilling > 0]
     assert prefilling, "no snapshot showed the prefill"
-    assert max(s.max_prefill_remaining for s in prefilling) > LONG_PROMPT_TOKENS // 2
+    during = [s.max_prefill_remaining for s in prefilling]
+    assert max(during) > LONG_PROMPT_TOKENS // 2, f"no sample in the first half: {during}"
     # The prompts may arrive a step apart; once the backlog peaks it only falls.
     # (The per-request fall, chunk by chunk, is pinned by the contract tests;
     # here the order in which vLLM takes the four prompts is its own business.)
@@ -127,10 +148,9 @@ def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[
     falling = pending[pending.index(max(pending)) :]
     assert len(set(falling)) >= 2, f"prefill backlog seen at one point only: {pending}"
     assert falling == sorted(falling, reverse=True), f"prefill backlog went up: {pending}"
-    during = [s.max_prefill_remaining for s in prefilling]
-    for state in watcher.seen:
+    for state in seen:
         assert state.max_prefill_remaining <= state.pending_prefill_tokens
-    last = watcher.seen[-1]
+    last = seen[-1]
     assert last.num_prefilling == last.max_prefill_remaining == last.pending_prefill_tokens == 0
     assert last.num_running == last.num_waiting == 0
     return during

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                     "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
             seen: dict[str, Any] | None = None
             for _attempt in range(3):
+                sent = time.time()
                 resp = await s.post(r.url + "/v1/completions", json=body)
                 assert resp.status == 200
                 await resp.content.readuntil(b"\n\n")
@@ -212,10 +214,14 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                     # must hold our request alone: a request it still finishes or
                     # aborts (another attempt's, on a loaded machine) is work the
                     # router rightly counts beyond its own.
+                    # A snapshot taken before this attempt was sent can still show
+                    # the previous attempt's request (the engine lets it go a moment
+                    # after its stream ends): the one wanted shows ours.
                     real = w["real"]
                     if (
                         real is not None
                         and w["fresh"]
+                        and real["ts"] > sent
                         and (real["num_running"], real["num_waiting"]) == (1, 0)
                     ):
                         seen = w
