@@ -96,15 +96,16 @@ def check_long_prefill_is_seen(server: VLLMServer, reader: StateReader) -> list[
     Several prompts, so that the prefill spans enough 64-token steps to be
     sampled a few times even by a 50 ms publisher on a fast machine; each is
     different, so the prefix cache cannot shorten it. A loaded machine can starve
-    the engine's publisher through most of the prefill, so a round whose samples
-    miss the prefill's first half is run again with new prompts (at most three
-    rounds): the claim is about what the feed shows when it samples.
+    the engine's publisher through most of the prefill (its CPU cap stretches its
+    period when snapshots get costly), so a round sampled fewer than three times
+    during the prefill, or never in its first half, is run again with new prompts
+    (at most five rounds): the claim is about what the feed shows when it samples.
     """
-    for attempt in range(3):
+    for attempt in range(5):
         seen = _long_prefill_round(server, reader, attempt)
         prefilling = [s for s in seen if s.num_prefilling > 0]
         if (
-            prefilling
+            len(prefilling) >= 3
             and max(s.max_prefill_remaining for s in prefilling) > LONG_PROMPT_TOKENS // 2
         ):
             break
@@ -141,13 +142,17 @@ def _check_prefill_seen(seen: list[EngineState]) -> list[int]:
     assert prefilling, "no snapshot showed the prefill"
     during = [s.max_prefill_remaining for s in prefilling]
     assert max(during) > LONG_PROMPT_TOKENS // 2, f"no sample in the first half: {during}"
-    # The prompts may arrive a step apart; once the backlog peaks it only falls.
-    # (The per-request fall, chunk by chunk, is pinned by the contract tests;
-    # here the order in which vLLM takes the four prompts is its own business.)
+    # The backlog rises only as prompts arrive (on a loaded machine they can arrive
+    # far apart, the first one half prefilled before the last is sent), so its
+    # rises add up to at most what was sent; between arrivals it falls as the
+    # engine computes. (The per-request fall, chunk by chunk, is pinned by the
+    # contract tests; here the order in which vLLM takes the prompts is its own.)
     pending = [s.pending_prefill_tokens for s in prefilling]
-    falling = pending[pending.index(max(pending)) :]
-    assert len(set(falling)) >= 2, f"prefill backlog seen at one point only: {pending}"
-    assert falling == sorted(falling, reverse=True), f"prefill backlog went up: {pending}"
+    steps = list(zip([0, *pending], pending, strict=False))
+    rises = sum(b - a for a, b in steps if b > a)
+    sent = LONG_PROMPTS * LONG_PROMPT_TOKENS
+    assert rises <= sent, f"prefill backlog rose by more than the {sent} tokens sent: {pending}"
+    assert any(b < a for a, b in steps), f"prefill backlog never seen falling: {pending}"
     for state in seen:
         assert state.max_prefill_remaining <= state.pending_prefill_tokens
     last = seen[-1]
