@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from agentic_common import AsyncStateReader, EngineState, Freshness, open_async_reader
+from agentic_router._capped import TooLarge, read_capped
 from agentic_router.engine_metrics import engine_metrics, parse_prometheus_text
 
 if TYPE_CHECKING:
@@ -123,11 +124,10 @@ class EngineIdWatch:
                 continue
             self._received.add(engine_id)
             self._observe_identity(engine_id, (st.host, st.pid), now)
-        missing = frozenset(e for e in self.engine_ids if self._missing(e, now))
-        for engine_id in self.engine_ids:
-            if engine_id in missing:
-                self._report(engine_id, NO_SNAPSHOT)
-        self._missing_ids = missing
+        missing = [e for e in self.engine_ids if self._missing(e, now)]
+        for engine_id in missing:
+            self._report(engine_id, NO_SNAPSHOT)
+        self._missing_ids = frozenset(missing)
 
     def set_engine_ids(self, engine_ids: Sequence[str]) -> None:
         """The configured engines changed: an engine that left has no problem any
@@ -325,18 +325,6 @@ class ReconcileStats:
     failures: Counter[str] = field(default_factory=Counter)
 
 
-async def _read_capped(stream: Any, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it is longer than `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in stream.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 class MetricsReconciler:
     """Async loop: every `period_s`, GET each worker's metrics URL and call
     `router.reconcile_from_metrics`. Start it with the app, stop it with the app.
@@ -387,12 +375,12 @@ class MetricsReconciler:
                         if resp.status != 200:
                             self.stats.failures[f"http_{resp.status}"] += 1
                             continue
-                        body = await _read_capped(resp.content, MAX_METRICS_BYTES)
+                        body = await read_capped(resp, MAX_METRICS_BYTES)
+                except TooLarge:
+                    self.stats.failures["too_large"] += 1
+                    continue
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     self.stats.failures[type(exc).__name__] += 1
-                    continue
-                if body is None:
-                    self.stats.failures["too_large"] += 1
                     continue
                 # the text format is UTF-8 whatever charset the response declares (an
                 # unknown one made the decode raise and skip every later worker)

@@ -27,15 +27,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agentic_router._capped import TooLarge, read_capped
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
 from agentic_router.server._upstream import (
     Deadline,
     EngineClient,
     EngineFailure,
-    TooLarge,
     is_json_object,
-    read_capped,
 )
 from agentic_router.types import RoutingRequest
 

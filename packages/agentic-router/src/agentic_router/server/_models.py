@@ -22,9 +22,10 @@ from typing import Any
 
 import aiohttp
 
+from agentic_router._capped import TooLarge, read_capped
 from agentic_router.server._accounting import Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
-from agentic_router.server._upstream import EngineClient, TooLarge, read_capped
+from agentic_router.server._upstream import EngineClient
 
 log = logging.getLogger("agentic_router.server")
 

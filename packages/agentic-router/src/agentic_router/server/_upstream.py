@@ -30,6 +30,7 @@ import orjson
 import yarl
 from aiohttp import web
 
+from agentic_router._capped import TooLarge, read_capped
 from agentic_router.server._accounting import (
     Accounting,
     Endpoint,
@@ -155,25 +156,6 @@ async def stream_error(out: web.StreamResponse, tail: bytes, status: int, messag
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
         await out.write(prefix + event)
         await out.write_eof()
-
-
-class TooLarge(Exception):
-    """An engine's answer passed max_response_bytes (the rest is left unread)."""
-
-
-async def read_capped(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
-    """An engine's whole answer, at most `limit` bytes (else TooLarge): a broken or
-    hostile engine cannot make the router buffer without bound."""
-    if upstream.content_length is not None and upstream.content_length > limit:
-        raise TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in upstream.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def is_json_object(data: bytes) -> bool:
