@@ -3,7 +3,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import stat
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from agentic_common import (
     open_reader,
     open_writer,
 )
+from agentic_common._file import in_memory
 from agentic_common.testing import make_state
 
 
@@ -215,3 +218,76 @@ def test_unsafe_engine_ids_are_refused_by_the_writer_not_written(uri: str) -> No
     # id into a path outside its directory.
     assert not writer.publish(make_state("../escape"))
     assert writer.stats.failures == 1
+
+
+def test_an_unchanged_snapshot_is_decoded_once_and_still_goes_stale(uri: str) -> None:
+    """A router polls faster than engines publish: a payload it has read before is
+    not decoded again (the same state comes back), yet its age is judged on every
+    poll, so a publisher that stopped still reads as stale."""
+    clock = [time.time()]
+    writer = open_writer(uri)
+    writer.publish(make_state("engine_0", ts=clock[0], num_waiting=1))
+    reader = open_reader(uri, Freshness(max_age_s=0.5, clock=lambda: clock[0]))
+    first = reader.read_all()["engine_0"]
+    assert reader.read_all()["engine_0"] is first  # read again, not decoded again
+    clock[0] += 0.6
+    assert reader.read_all() == {}
+    assert reader.drops[DropReason.STALE] == 1
+    writer.publish(make_state("engine_0", ts=clock[0], num_waiting=2))
+    assert reader.read_all()["engine_0"].num_waiting == 2  # a new payload is decoded
+
+
+def test_a_state_directory_in_memory_is_read_without_a_thread(tmp_path: Path) -> None:
+    """/dev/shm (the default) cannot hang a read: the async reader reads it inline,
+    with the same result; a directory on disk keeps the reading thread."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not in_memory(shm):
+        pytest.skip("no /dev/shm tmpfs here")
+    directory = Path(tempfile.mkdtemp(dir=shm)) / "state"
+    try:
+        open_writer(directory.as_uri()).publish(make_state("engine_0"))
+
+        async def read(where: Path) -> tuple[bool, set[str], int]:
+            reader = open_async_reader(where.as_uri())
+            before = threading.active_count()
+            fresh = await reader.read_all()
+            threads = threading.active_count() - before
+            await reader.close()
+            return reader.inline, set(fresh), threads  # type: ignore[attr-defined]
+
+        assert asyncio.run(read(directory)) == (True, {"engine_0"}, 0)
+        if not in_memory(tmp_path):
+            on_disk = tmp_path / "state"
+            open_writer(on_disk.as_uri()).publish(make_state("engine_0"))
+            assert asyncio.run(read(on_disk)) == (False, {"engine_0"}, 1)
+    finally:
+        shutil.rmtree(directory.parent)
+
+
+MOUNTINFO = (
+    "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+    "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+    "25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw\n"
+    "40 25 0:40 / /dev/shm/on\\040disk rw,relatime shared:7 - ext4 /dev/vdb rw\n"
+    "41 27 0:41 / /srv/ram rw - ramfs ramfs rw\n"
+    "42 27 0:42 / /srv/ram rw - xfs /dev/vdc rw\n"
+    "garbage line\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/dev/shm/agentic-engine-state", True),
+        ("/dev/shm", True),
+        ("/dev/shmem/state", False),  # a prefix of the name is not a parent
+        ("/dev/shm/on disk/state", False),  # a disk mounted inside tmpfs
+        ("/srv/ram/state", False),  # mounted over: the last mount wins
+        ("/tmp/state", False),
+    ],
+)
+def test_in_memory_reads_the_mount_table(tmp_path: Path, path: str, expected: bool) -> None:
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTINFO)
+    assert in_memory(Path(path), str(table)) is expected
+    assert in_memory(Path(path), str(tmp_path / "absent")) is False  # cannot tell: a thread

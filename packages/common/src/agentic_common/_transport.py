@@ -169,6 +169,12 @@ class _Validator:
         self.freshness = freshness
         self.drops: Counter[str] = Counter()
         self.reads = 0
+        # Each entry's last payload and its decoded state. A router polls faster
+        # than engines publish, so most polls read a payload it has decoded
+        # already: comparing bytes costs far less than decoding and validating
+        # them again (EngineState is immutable). Holds the last poll's entries only.
+        self._decoded: dict[str, tuple[bytes, EngineState]] = {}
+        self._decoding: dict[str, tuple[bytes, EngineState]] = {}
 
     def classify(
         self, payload: bytes, now: float, name: str | None = None
@@ -177,12 +183,18 @@ class _Validator:
 
         `name` is the id the store filed it under; a snapshot is bound to it, so
         one stray file or key cannot speak for another engine."""
-        try:
-            state = EngineState.from_json(payload)
-        except InvalidStateError as exc:
-            return None, exc.reason
-        except Exception:  # the reader never raises because of what it read
-            return None, DropReason.MALFORMED
+        known = None if name is None else self._decoded.get(name)
+        if known is not None and known[0] == payload:
+            state = known[1]
+        else:
+            try:
+                state = EngineState.from_json(payload)
+            except InvalidStateError as exc:
+                return None, exc.reason
+            except Exception:  # the reader never raises because of what it read
+                return None, DropReason.MALFORMED
+        if name is not None:
+            self._decoding[name] = (payload, state)
         if name is not None and state.engine_id != name:
             return state, DropReason.NAME_MISMATCH
         age = now - state.ts
@@ -210,6 +222,7 @@ class _Validator:
                 previous = fresh.get(state.engine_id)
                 if previous is None or state.ts >= previous.ts:
                     fresh[state.engine_id] = state
+        self._decoded, self._decoding = self._decoding, {}
         self.reads += 1
         return fresh
 
@@ -222,6 +235,7 @@ class _Validator:
             elif entry.payload is not None:
                 state, verdict = self.classify(entry.payload, now, entry.name)
                 out.append(Inspection(state, verdict, None if state is None else now - state.ts))
+        self._decoded, self._decoding = self._decoding, {}
         return out
 
     def unavailable(self, reason: str = DropReason.UNAVAILABLE) -> dict[str, EngineState]:
