@@ -3,7 +3,10 @@
 Prints one JSON object: for each transport (file on /dev/shm when present,
 redis on a private redis-server started here unless --redis-uri is given) and
 each engine count (8, 64, 512), the median and p99 of one `publish()` and of
-one `read_all()` over every engine, in microseconds.
+one `read_all()` over every engine, in microseconds: `read_all` after every
+engine published anew, `read_all_unchanged` right after it (nothing new: a
+router polls faster than engines publish, and a payload read before is not
+decoded again).
 
     python benchmarks/transport.py [--rounds 200] [--redis-uri redis://...]
 """
@@ -46,17 +49,22 @@ def measure(uri: str, engines: int, rounds: int) -> dict[str, Any]:
                 publish_ns.append(time.perf_counter_ns() - start)
     reader = open_reader(uri, Freshness(max_age_s=3600))
     read_ns: list[int] = []
-    for _ in range(rounds):
-        start = time.perf_counter_ns()
-        fresh_states = reader.read_all()
-        read_ns.append(time.perf_counter_ns() - start)
-        assert len(fresh_states) == engines, (len(fresh_states), dict(reader.drops))
+    unchanged_ns: list[int] = []
+    for r in range(rounds):
+        for state in states:  # untimed: every engine publishes anew between reads
+            writer.publish(make_state(state.engine_id, seq=rounds + r, ts=time.time()))
+        for samples in (read_ns, unchanged_ns):
+            start = time.perf_counter_ns()
+            fresh_states = reader.read_all()
+            samples.append(time.perf_counter_ns() - start)
+            assert len(fresh_states) == engines, (len(fresh_states), dict(reader.drops))
     writer.close()
     reader.close()
     return {
         "engines": engines,
         "publish": _percentiles(publish_ns),
         "read_all": _percentiles(read_ns),
+        "read_all_unchanged": _percentiles(unchanged_ns),
         "publish_failures": writer.stats.failures,
     }
 
