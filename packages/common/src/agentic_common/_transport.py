@@ -195,8 +195,8 @@ class _Validator:
                 return None, DropReason.MALFORMED
         if name is not None:
             self._decoding[name] = (payload, state)
-        if name is not None and state.engine_id != name:
-            return state, DropReason.NAME_MISMATCH
+            if state.engine_id != name:
+                return state, DropReason.NAME_MISMATCH
         age = now - state.ts
         if age > self.freshness.max_age_s:
             return state, DropReason.STALE
