@@ -104,7 +104,10 @@ def run_sweep(
     context = multiprocessing.get_context("fork")
     results: dict[int, SweepRun] = {}
     with concurrent.futures.ProcessPoolExecutor(plan.jobs, mp_context=context) as pool:
-        futures = {pool.submit(_run, task): i for i, task in enumerate(tasks)}
+        # Heaviest load first: the longest runs start at once instead of trailing alone
+        # at the end on one worker while the others sit idle.
+        order = sorted(range(len(tasks)), key=lambda i: -tasks[i][3].factor)
+        futures = {pool.submit(_run, tasks[i]): i for i in order}
         if on_start is not None:
             for task in tasks:
                 on_start(task[2])
