@@ -279,6 +279,34 @@ def test_the_demo_says_a_single_replay_s_feed_change_is_not_a_finding() -> None:
     assert "Average seeds" not in " ".join(findings(averaged))
 
 
+def test_the_demo_gives_the_feed_s_effect_where_it_changed_decisions_over_more_seeds() -> None:
+    """The points where the feed changed decisions are replayed with more seeds; the
+    change there is the change of the seeds' mean, each seed's own change beside it,
+    and no other point's figure moves."""
+    same = [
+        _summary(p, f, x, m)
+        for p, m in (("unified", 0.3), ("load_only", 1.0))
+        for f in ("off", "on")
+        for x in (1.0, 4.0)
+    ]
+    moved = [*same, _summary("min_ttft", "off", 4.0, 2.0), _summary("min_ttft", "on", 4.0, 2.4)]
+    rechecked = [
+        {**_summary("min_ttft", feed, 4.0, mean), "seed": seed}
+        for seed, off, on in ((1, 2.0, 1.8), (2, 2.0, 1.4))
+        for feed, mean in (("off", off), ("on", on))
+    ]
+    text = " ".join(" ".join(findings(moved, rechecked)).split())
+    # (2.4 + 1.8 + 1.4) / (2.0 * 3) - 1 = -6.7 %; one seed alone said +20 %
+    assert "min_ttft: x4 -6.7 % over 3 seeds (each: +20, -10, -30 %)" in text
+    assert "unified: x1 +0.0 %, x4 +0.0 %" in text
+    assert "over 3 seeds (each seed's own change in brackets)" in text
+    assert "Average seeds before concluding" not in text
+    # a recheck that lost one side (a run failed) leaves the single-replay figure
+    text = " ".join(" ".join(findings(moved, rechecked[:1])).split())
+    assert "min_ttft: x4 +20.0 %" in text
+    assert "Average seeds before concluding" in text
+
+
 def test_plots_are_written_when_matplotlib_is_installed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

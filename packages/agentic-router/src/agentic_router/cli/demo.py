@@ -9,6 +9,7 @@ policy to use by default) and where the results and the plot are.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,10 @@ from agentic_router.sim._config import DEFAULT_PUBLISHER_STALL_S
 DEMO_TOPOLOGY = "8"
 DEMO_POLICIES = "load_only,lmetric,sticky,unified,min_ttft"
 DEMO_LOADS = "1,2,3,4"
+# Where the feed changed decisions, a loaded replay goes down another path and one
+# seed's mean moves by tens of percent either way; those points alone are replayed
+# with this many more seeds (on and off) so the finding is an average, not one draw.
+DEMO_FEED_SEEDS = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--records",
         action="store_true",
         help="also write each run's per-request records (requests-*.jsonl, ~1 MB a run)",
+    )
+    parser.add_argument(
+        "--feed-seeds",
+        type=int,
+        default=DEMO_FEED_SEEDS,
+        help="more seeds for the points where the feed changed decisions, so its effect "
+        f"there is an average (default {DEMO_FEED_SEEDS}; 0 = one replay per point)",
     )
     parser.add_argument(
         "--logs",
@@ -65,8 +77,27 @@ def _mean(s: Mapping[str, Any]) -> float:
     return float("inf") if m is None else float(m)
 
 
-def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Plain statements derived from this run's numbers."""
+def moved_points(summaries: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+    """(policy, load) points whose mean TTFT differs with the feed on and off: the feed
+    changed at least one decision there."""
+    by = {(s["policy"], s["engine_state"], float(s["speedup"])): s for s in summaries}
+    return [
+        (p, x)
+        for (p, feed, x), off in by.items()
+        if feed == "off" and (on := by.get((p, "on", x))) is not None and _mean(on) != _mean(off)
+    ]
+
+
+def _change(on: float, off: float) -> str:
+    return f"{100 * (on / off - 1):+.1f} %"
+
+
+def findings(
+    summaries: Sequence[Mapping[str, Any]], rechecked: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
+    """Plain statements derived from this run's numbers. `rechecked`: per-seed runs of
+    more seeds at the points where the feed changed decisions; the feed's effect there
+    is then given over every seed."""
     runs = [s for s in summaries if s["ttft_s"]["mean"] is not None]
     if not runs:
         return []
@@ -86,26 +117,54 @@ def findings(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
             line += f"; load_only {_mean(base):.2f} s ({_mean(base) / _mean(best):.1f}x)"
         out.append(line)
     out.append("Feed on vs off (mean TTFT change per load; negative = the feed helped):")
-    moved = []
+    extra: dict[tuple[str, str, float], dict[int, float]] = {}
+    for r in rechecked:
+        if r["ttft_s"]["mean"] is not None:
+            key = (r["policy"], r["engine_state"], float(r["speedup"]))
+            extra.setdefault(key, {})[int(r["seed"])] = _mean(r)
+    moved = moved_points(runs)
+    averaged = []
     for policy in dict.fromkeys(s["policy"] for s in runs):
         cells = []
         for x in loads:
             off, on = by.get((policy, "off", x)), by.get((policy, "on", x))
             if off is None or on is None:
                 continue
-            cells.append(f"x{x:g} {100 * (_mean(on) / _mean(off) - 1):+.1f} %")
-            if _mean(on) != _mean(off):
-                moved.append(f"{policy} x{x:g}")
+            more_off, more_on = extra.get((policy, "off", x), {}), extra.get((policy, "on", x), {})
+            if (policy, x) in moved and more_off and more_off.keys() == more_on.keys():
+                paired = sorted(more_off)
+                offs = [_mean(off), *(more_off[k] for k in paired)]
+                ons = [_mean(on), *(more_on[k] for k in paired)]
+                seeds = ", ".join(
+                    f"{100 * (a / b - 1):+.0f}" for a, b in zip(ons, offs, strict=True)
+                )
+                cells.append(
+                    f"x{x:g} {_change(sum(ons), sum(offs))} over {len(ons)} seeds (each: {seeds} %)"
+                )
+                averaged.append((policy, x, len(ons)))
+            else:
+                cells.append(f"x{x:g} {_change(_mean(on), _mean(off))}")
         if cells:
             out.append(f"  {policy}: " + ", ".join(cells))
-    if moved and all(len(s.get("seeds", [s.get("seed")])) == 1 for s in runs):
+    single = all(len(s.get("seeds", [s.get("seed")])) == 1 for s in runs)
+    if moved and single:
+        named = ", ".join(f"{p} x{x:g}" for p, x in moved)
         note = (
             "+0.0 %: the same replay with and without the feed. Where the feed changed "
-            f"decisions ({', '.join(moved)}), each figure is one replay, and a changed "
-            "decision sends a loaded replay down another path: one seed's mean moves by "
-            "tens of percent either way. Average seeds before concluding: `agentic-router "
-            "replay --trace agentic --policies ... --speedup 1,2,3,4 --seeds $(seq -s, 0 23)`."
+            f"decisions ({named}), a changed decision sends a loaded replay down another "
+            "path: one seed's mean moves by tens of percent either way. "
         )
+        if len(averaged) == len(moved):
+            note += (
+                f"There the figure is over {averaged[0][2]} seeds (each seed's own change "
+                "in brackets); for a firmer one: `agentic-router replay --trace agentic "
+                "--policies ... --speedup 1,2,3,4 --seeds $(seq -s, 0 23)`."
+            )
+        else:
+            note += (
+                "Each figure is one replay. Average seeds before concluding: `agentic-router "
+                "replay --trace agentic --policies ... --speedup 1,2,3,4 --seeds $(seq -s, 0 23)`."
+            )
         out.extend(textwrap.wrap(note, 88, initial_indent="  ", subsequent_indent="  "))
     choice = recommend(runs)
     if choice is not None:
@@ -160,7 +219,9 @@ def run(args: argparse.Namespace) -> int:
     )
     code, payload = run_matrix_cli(ns, "agentic", "demo", header=HEADER)
     if code == 0:
-        lines = findings(payload.get("averaged", payload["runs"]))
+        summaries = payload.get("averaged", payload["runs"])
+        rechecked = _recheck(ns, summaries, args.feed_seeds)
+        lines = findings(summaries, rechecked)
         if lines:
             sys.stdout.write("\n" + "\n".join(lines) + "\n")
         sys.stdout.write(
@@ -169,3 +230,33 @@ def run(args: argparse.Namespace) -> int:
             "`agentic-router bench --url http://ROUTER --trace agentic` against real engines.\n"
         )
     return code
+
+
+def _recheck(
+    ns: argparse.Namespace, summaries: Sequence[Mapping[str, Any]], more: int
+) -> list[dict[str, Any]]:
+    """Replay the points where the feed changed decisions with `more` seeds after the
+    first (feed off and on); their per-run summaries."""
+    by_load: dict[float, list[str]] = {}
+    for policy, x in moved_points(summaries):
+        by_load.setdefault(x, []).append(policy)
+    if more < 1 or not by_load:
+        return []
+    seeds = ",".join(str(ns.seed + i) for i in range(1, more + 1))
+    named = ", ".join(f"{p} x{x:g}" for x, ps in by_load.items() for p in ps)
+    if not ns.quiet:
+        sys.stderr.write(f"The feed changed decisions at {named}: {more} more seeds there.\n")
+    out: list[dict[str, Any]] = []
+    for x, policies in by_load.items():
+        again = argparse.Namespace(**vars(ns))
+        again.policies = ",".join(policies)
+        again.speedup = f"{x:g}"
+        again.seeds = seeds
+        again.out = ns.out / f"feed-seeds-x{x:g}"
+        again.no_plots = True
+        again.no_logs = True
+        again.records = False
+        code, payload = run_matrix_cli(again, "agentic", "demo", stdout=io.StringIO())
+        if code == 0:
+            out.extend(payload["runs"])
+    return out
