@@ -19,6 +19,7 @@ from agentic_router.engine_metrics import EngineMetrics
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import make_plugin_manager
 from agentic_router.prefix import block_hashes_from_ids
+from agentic_router.pytest_plugin import engine_state
 from agentic_router.replication import (
     MAX_EVENT_BYTES,
     ReplicaEvent,
@@ -572,3 +573,66 @@ def test_malformed_bytes_are_counted_and_dropped() -> None:
     assert not sb.apply_bytes(orjson.dumps({"kind": "add"}))
     assert sb.malformed == 2
     assert sb.dropped == 2
+
+
+def _feed_pair() -> tuple[Clock, Router, Router, ReplicaSync, ReplicaSync]:
+    """Two replicas reading the engines' real state (feed on)."""
+    clock = Clock()
+    routers = []
+    for order in (ENGINES, tuple(reversed(ENGINES))):
+        config = RouterConfig(engine_map={e: i for i, e in enumerate(order)})
+        routers.append(
+            Router([f"http://{e}" for e in order], "load_only", config=config, clock=clock)
+        )
+    a, b = routers
+    return clock, a, b, ReplicaSync(a, "a"), ReplicaSync(b, "b")
+
+
+def test_a_remote_request_a_snapshot_already_shows_counts_once() -> None:
+    """Replica a places a request; the engine's snapshot shows it before a's event
+    reaches b. b then counts it once, not once as its reservation and once more as
+    work the snapshot shows beyond its shadow (which moved sessions off their homes
+    at 4 replicas); a snapshot older than the placement leaves it counted once too."""
+    clock, a, b, sa, sb = _feed_pair()
+    wb = b.engine_worker("engine_a")
+    assert wb is not None
+    old = engine_state("engine_c", clock.now - 0.01)  # before the placements below
+    a.add_request(_req("r0", "s0", 4096, [1, 2]), a.engine_worker("engine_a") or 0)
+    a.add_request(_req("r1", "s1", 4096, [3, 4]), a.engine_worker("engine_c") or 0)
+    clock.now += 0.02
+    b.apply_engine_states(
+        {
+            "engine_a": engine_state(
+                "engine_a",
+                clock.now,
+                num_running=1,
+                num_prefilling=1,
+                pending_prefill_tokens=4096,
+                max_prefill_remaining=4096,
+            ),
+            "engine_c": old,
+        }
+    )
+    assert b.instance_state(wb).eff_num_requests == 1  # the snapshot's, not yet b's own
+    clock.now += 0.03  # a's events arrive, 50 ms after they happened
+    assert _ship(sa, sb) == 2
+    st = b.instance_state(wb)
+    assert (st.eff_num_requests, st.eff_pending_prefill) == (1, 4096)
+    wc = b.engine_worker("engine_c")
+    assert wc is not None
+    assert b.instance_state(wc).eff_num_requests == 1
+    # a's free: a snapshot after it shows a client's request that bypassed the routers;
+    # once the free arrives, that request is what is left, not nothing
+    clock.now += 0.1
+    a.free("r0")
+    clock.now += 0.02
+    b.apply_engine_states(
+        {
+            "engine_a": engine_state(
+                "engine_a", clock.now, num_running=1, num_decoding=1, ongoing_decode_tokens=100
+            )
+        }
+    )
+    clock.now += 0.03
+    assert _ship(sa, sb) == 1
+    assert b.instance_state(wb).eff_num_requests == 1

@@ -400,9 +400,9 @@ class ReplicaSync:
         # a prefill-done or free finds its reservation by id, with no engine lookup:
         # one for an engine retired here since still reaches it
         if ev.kind == PREFILL_COMPLETED:
-            changed = self._apply_prefill_completed(rid)
+            changed = self._apply_prefill_completed(rid, ev.ts)
         elif ev.kind == FREE:
-            changed = self._apply_free(ev.origin, rid)
+            changed = self._apply_free(ev.origin, rid, ev.ts)
         else:
             worker = self._worker(ev.engine_id)
             if worker is None:
@@ -472,6 +472,7 @@ class ReplicaSync:
             prefill_tokens=ev.prefill_tokens,
             decode_worker=decode_worker,
             bind_session=bind,
+            origin_ts=ev.ts,
         ):
             return False
         if bind:
@@ -483,7 +484,7 @@ class ReplicaSync:
             router.apply_replica_prefill_completed(rid)
         return True
 
-    def _apply_prefill_completed(self, rid: str) -> bool:
+    def _apply_prefill_completed(self, rid: str, origin_ts: float) -> bool:
         if rid in self._freed:
             return False
         if rid not in self.router.state.index:
@@ -494,9 +495,9 @@ class ReplicaSync:
         entry = self.router.state.active.get(entry_worker, rid)
         if entry is None or entry.decoding:
             return False
-        return self.router.apply_replica_prefill_completed(rid)
+        return self.router.apply_replica_prefill_completed(rid, origin_ts=origin_ts)
 
-    def _apply_free(self, origin: str, rid: str) -> bool:
+    def _apply_free(self, origin: str, rid: str, origin_ts: float) -> bool:
         self._remember(self._freed, rid)
         self._early_done.pop(rid, None)
         remote = self._remote.get(origin)
@@ -504,7 +505,7 @@ class ReplicaSync:
             remote.pop(rid, None)
         if rid not in self.router.state.index:
             return False
-        return self.router.apply_replica_free(rid)
+        return self.router.apply_replica_free(rid, origin_ts=origin_ts)
 
     def _remember(self, memo: OrderedDict[str, None], rid: str) -> None:
         memo[rid] = None
