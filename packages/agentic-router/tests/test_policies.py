@@ -7,10 +7,12 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentic_router import Router
 from agentic_router.builtin import AFFINITY_WEIGHT, BUILTIN_POLICIES
-from agentic_router.decision import LOG_ALL_CANDIDATES, LOG_TOP_CANDIDATES
+from agentic_router.decision import LOG_ALL_CANDIDATES, LOG_TOP_CANDIDATES, _lowest, _rest_range
 from agentic_router.hookspecs import hookimpl
 from agentic_router.policy import PolicySpec
 from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
@@ -458,6 +460,27 @@ def test_a_large_pool_record_lists_the_best_and_sums_up_the_rest(
     assert omitted["total_max"] == max(rest, default=None)
     dropped = [c["filtered_by"] for w, c in full.items() if w not in names and c["filtered_by"]]
     assert sum(omitted["filtered_by"].values()) == len(dropped)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]) | st.floats(-1e6, 1e6), max_size=60),
+    st.integers(1, 12),
+    st.sets(st.integers(0, 59), max_size=3),
+)
+def test_a_large_pool_record_picks_what_a_stable_sort_would(
+    totals: list[float], k: int, extra: set[int]
+) -> None:
+    """The record's shortlist is the k lowest totals, ties to the lower worker, exactly
+    as a stable sort picks them; the rest's lowest and highest are those of every
+    total left out (with ties and the chosen/home workers added anywhere)."""
+    top = _lowest(totals, sorted(totals), k)
+    assert top == set(sorted(range(len(totals)), key=totals.__getitem__)[:k])
+    top |= {i for i in extra if i < len(totals)}
+    rest = [t for i, t in enumerate(totals) if i not in top]
+    assert _rest_range(totals, sorted(totals), top) == (
+        min(rest, default=None),
+        max(rest, default=None),
+    )
 
 
 def test_a_renumbered_decision_still_lists_its_chosen_worker_and_home(

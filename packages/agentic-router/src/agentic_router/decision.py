@@ -9,7 +9,6 @@ This module only shapes data: it never decides and never mutates state.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -129,17 +128,18 @@ class DecisionTrace:
         omitted: dict[str, Any] | None = None
         if limit is not None and len(scored) + len(dropped) > limit:
             wanted = {w for w in keep if w is not None}
-            top = set(heapq.nsmallest(LOG_TOP_CANDIDATES, scored, key=totals.__getitem__))
-            top.update(i for i in scored if ctx.candidates[i] in wanted)
+            values = sorted(totals)
+            top = _lowest(totals, values, LOG_TOP_CANDIDATES)
+            top.update(i for i in map(ctx.index_of, wanted) if i is not None)
             kept_dropped = [j for j in dropped if self.dropped[j][0] in wanted]
-            rest = [totals[i] for i in scored if i not in top]
             filtered = Counter(
                 self.dropped[j][2] for j in dropped if self.dropped[j][0] not in wanted
             )
+            low, high = _rest_range(totals, values, top)
             omitted = {
-                "count": len(rest) + sum(filtered.values()),
-                "total_min": min(rest, default=None),
-                "total_max": max(rest, default=None),
+                "count": len(totals) - len(top) + sum(filtered.values()),
+                "total_min": low,
+                "total_max": high,
                 "filtered_by": dict(filtered),
             }
             scored, dropped = sorted(top), kept_dropped  # type: ignore[assignment]
@@ -248,3 +248,39 @@ class Decision:
         if omitted is not None:
             record["candidates_omitted"] = omitted
         return record
+
+
+def _lowest(totals: list[float], values: list[float], k: int) -> set[int]:
+    """Indices of the k lowest totals (`values`: the totals sorted), ties to the lower
+    index, as a stable sort picks them. C-speed passes, not a keyed heap over
+    indices: this runs for every decision of a large pool."""
+    n = len(totals)
+    if k >= n:
+        return set(range(n))
+    cut = values[k - 1]
+    below = list(itertools.compress(range(n), map(cut.__ge__, totals)))
+    if len(below) == k:
+        return set(below)
+    under = [i for i in below if totals[i] < cut]
+    return {*under, *[i for i in below if totals[i] == cut][: k - len(under)]}
+
+
+def _rest_range(
+    totals: list[float], values: list[float], top: set[int]
+) -> tuple[float | None, float | None]:
+    """The lowest and highest total outside `top` (None, None when nothing is);
+    `values`: the totals sorted."""
+    if len(top) >= len(totals):
+        return None, None
+    taken = Counter(totals[i] for i in top)
+    low = next(v for v in values if not _take(taken, v))
+    taken = Counter(totals[i] for i in top)
+    high = next(v for v in reversed(values) if not _take(taken, v))
+    return low, high
+
+
+def _take(taken: Counter[float], v: float) -> bool:
+    if taken[v]:
+        taken[v] -= 1
+        return True
+    return False
