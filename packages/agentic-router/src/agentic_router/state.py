@@ -278,22 +278,36 @@ class PromptRegistry:
         self._evict(worker, now)
 
     def _evict(self, worker: int, now: float) -> None:
+        """Drop the least recently used blocks past the worker's capacity, then those
+        untouched for ttl_s. A new chain (a session's first turn, ~600 blocks at
+        200 KB) evicts as many at once: they are popped in one tight loop."""
         lru = self._workers[worker].lru
-        cutoff = now - self.ttl_s
-        cap = self.capacity_blocks(worker)
         holders = self._holders
         keep = ~(1 << worker)
-        while lru:
-            h, ts = next(iter(lru.items()))
-            if len(lru) <= cap and ts >= cutoff:
-                break
-            lru.popitem(last=False)
-            mask = holders.get(h, 0) & keep
+        popitem = lru.popitem
+        get = holders.get
+        excess = len(lru) - self.capacity_blocks(worker)
+        for _ in range(excess):
+            h = popitem(last=False)[0]
+            mask = get(h, 0) & keep
             if mask:
                 holders[h] = mask
             else:
                 holders.pop(h, None)
-            self.evicted_blocks += 1
+        evicted = max(0, excess)
+        cutoff = now - self.ttl_s
+        while lru:
+            h, ts = next(iter(lru.items()))
+            if ts >= cutoff:
+                break
+            popitem(last=False)
+            mask = get(h, 0) & keep
+            if mask:
+                holders[h] = mask
+            else:
+                holders.pop(h, None)
+            evicted += 1
+        self.evicted_blocks += evicted
 
     def expire(self, now: float) -> None:
         """Drop entries older than their TTL everywhere (call now and then)."""
