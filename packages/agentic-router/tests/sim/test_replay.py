@@ -301,6 +301,9 @@ def test_the_demo_gives_the_feed_s_effect_where_it_changed_decisions_over_more_s
     assert "unified: x1 +0.0 %, x4 +0.0 %" in text
     assert "over 3 seeds (each seed's own change in brackets)" in text
     assert "Average seeds before concluding" not in text
+    # where the feed changed nothing, the best policy is not said to be best without it
+    assert "x1: unified (feed on or off: the same) 0.300 s" in text
+    assert "x4: unified (feed on or off: the same) 0.300 s" in text
     # a recheck that lost one side (a run failed) leaves the single-replay figure
     text = " ".join(" ".join(findings(moved, rechecked[:1])).split())
     assert "min_ttft: x4 +20.0 %" in text

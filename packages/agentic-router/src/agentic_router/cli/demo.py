@@ -107,8 +107,12 @@ def findings(
     for x in loads:
         at = [s for s in runs if float(s["speedup"]) == x]
         best = min(at, key=_mean)
+        feed = best["engine_state"]
+        other = by.get((best["policy"], "on" if feed == "off" else "off", x))
+        if other is not None and _mean(other) == _mean(best):
+            feed = "on or off: the same"  # the feed changed none of its decisions here
         line = (
-            f"  x{x:g}: {best['policy']} (feed {best['engine_state']}) "
+            f"  x{x:g}: {best['policy']} (feed {feed}) "
             f"{_mean(best):.3f} s, p90 {best['ttft_s']['p90']:.2f} s, "
             f"prefix-cache hit {100 * (best['cache_hit_rate'] or 0):.1f} %"
         )
