@@ -130,6 +130,7 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     listener.start()
     _INSTALLED.append((handler, listener))
+    atexit.unregister(shutdown_logging)  # once, however often logging is set up again
     atexit.register(shutdown_logging)
 
 
