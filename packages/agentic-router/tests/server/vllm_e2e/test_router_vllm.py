@@ -177,10 +177,16 @@ def test_answers_pass_through_unchanged(
 
 def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> None:
     server, state_uri = vllm
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    # Seconds of decoding on CPU. A loaded machine can starve the engine's
+    # publisher for a whole request, so a request that ended unseen is sent
+    # again (up to five times): the claim is that the feed shows a running
+    # request, not that it shows every one.
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1500,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
 
     async def main() -> None:
         async with running_router(_config(server, state_uri)) as r, aiohttp.ClientSession() as s:
-            auth = {"Authorization": f"Bearer {TOKEN}"}
 
             async def worker_state() -> dict[str, Any]:
                 async with s.get(r.url + "/state", headers=auth) as resp:
@@ -188,63 +194,57 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                     state: dict[str, Any] = await resp.json()
                     return state["router"]["both"]["workers"][0]  # type: ignore[no-any-return]
 
-            # Seconds of decoding on CPU. A loaded machine can starve the engine's
-            # publisher for a whole request, so a request that ended unseen is
-            # sent again (at most three times): the claim is that the feed shows a
-            # running request, not that it shows every one.
-            body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 1500,
-                    "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+            async def send() -> tuple[int, int]:
+                async with s.post(r.url + "/v1/completions", json=body) as resp:
+                    return resp.status, len(await resp.read())
+
             seen: dict[str, Any] | None = None
             # What each attempt saw, for the failure message: samples, how many were
-            # stale or older than the attempt, (running, waiting, decoding) of the
-            # rest, and how the attempt ended.
+            # taken while the router did not hold the request, stale or older than
+            # the attempt, (running, waiting, decoding) of the rest, how it ended.
             saw: list[Counter[str]] = []
-            for _attempt in range(3):
+            for _attempt in range(5):
                 tally: Counter[str] = Counter()
                 saw.append(tally)
                 sent = time.time()
-                resp = await s.post(r.url + "/v1/completions", json=body)
-                assert resp.status == 200
-                # Sampled from the response's headers on, not from its first token: a
-                # starved API server can hold its tokens back and send them in one
-                # burst at the end, while the engine decodes all along.
-                for _ in range(600):  # up to ~30 s a request
+                # Sampled from the moment the request is sent, beside it: the router
+                # sends the client nothing before the first whole event, and a
+                # starved API server can hold every token back and send them in one
+                # burst at the end while the engine decodes all along.
+                request = asyncio.create_task(send())
+                while seen is None and not request.done():
+                    # The router holds the request from before the engine gets it
+                    # until the stream ends, which can be before the engine's last
+                    # snapshot stops showing it. A sample counts only if the router
+                    # held it both before and after /state was built (one request:
+                    # it is added once and freed once).
+                    held = r.active_requests() == 1
                     w = await worker_state()
-                    # The router frees the request when its stream ends, which can
-                    # be before the engine's last snapshot stops showing it: a
-                    # sample taken then shows the engine running a request the
-                    # router no longer holds. Our request was still held when the
-                    # /state answer was built only if it is held now (nothing else
-                    # adds one), so that is checked first.
                     tally["samples"] += 1
-                    if r.active_requests() == 0:  # the request is over: unseen
-                        tally["ended_unseen"] += 1
-                        break
                     # /state shows the latest snapshot even when stale; the claim is
-                    # about one the router uses (fresh), so wait for that. A snapshot
-                    # taken before this attempt was sent can show the previous
-                    # attempt's request. The engine must hold our request alone,
-                    # decoding (before that it is queued or prefilling): a request
-                    # it still finishes or aborts (another attempt's, on a loaded
-                    # machine) is work the router rightly counts beyond its own.
+                    # about one the router uses (fresh). A snapshot taken before this
+                    # attempt was sent can show the previous attempt's request. The
+                    # engine must hold our request alone, decoding (before that it
+                    # is queued or prefilling): a request it still finishes or
+                    # aborts is work the router rightly counts beyond its own.
                     real = w["real"]
-                    if real is None or not w["fresh"]:
+                    if not (held and r.active_requests() == 1):
+                        tally["not_held"] += 1
+                    elif real is None or not w["fresh"]:
                         tally["stale" if real is not None else "none"] += 1
-                        shows = None
                     elif real["ts"] <= sent:
                         tally["older_than_attempt"] += 1
-                        shows = None
                     else:
                         shows = (real["num_running"], real["num_waiting"], real["num_decoding"])
                         tally[f"running,waiting,decoding={shows}"] += 1
-                    if shows == (1, 0, 1):
-                        seen = w
-                        break
+                        if shows == (1, 0, 1):
+                            seen = w
                     await asyncio.sleep(0.05)  # a lighter poll leaves the engine its CPU
+                status, size = await request
+                assert status == 200, (status, saw)
+                tally[f"{size} bytes, {time.time() - sent:.1f} s"] += 1
                 if seen is not None:
                     break
-                tally[f"{len(await resp.read())} bytes, {time.time() - sent:.1f} s"] += 1
-                resp.release()
             assert seen is not None, f"the engine's snapshot never showed the request: {saw}"
             real = seen["real"]
             assert real["engine_id"] == "engine_0", seen
@@ -255,8 +255,6 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
             assert real["gpu_blocks_total"] > 0, seen
             assert seen["shadow"]["num_requests"] == 1, seen
             assert seen["effective"]["num_requests"] == 1, seen  # ours, counted once
-            await resp.read()
-            resp.release()
             assert r.active_requests() == 0
             # /metrics exports the feed's freshness. Read it until a poll lands
             # on a fresh snapshot: on a loaded 2-core machine one scrape can
@@ -269,7 +267,7 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                 if line in text:
                     break
                 await asyncio.sleep(0.1)
-            assert line in text
-            assert 'agentic_router_worker_shadow_requests{engine="engine_0"} 0' in text
+            assert line in text, text
+            assert 'agentic_router_worker_shadow_requests{engine="engine_0"} 0' in text, text
 
     asyncio.run(main())
