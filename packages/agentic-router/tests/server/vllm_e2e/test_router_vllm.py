@@ -213,6 +213,9 @@ def test_state_shows_the_engines_real_snapshot(vllm: tuple[VLLMServer, str]) -> 
                 # burst at the end while the engine decodes all along.
                 request = asyncio.create_task(send())
                 while seen is None and not request.done():
+                    if r.active_requests() != 1:  # not at the router yet, or done
+                        await asyncio.sleep(0.005)
+                        continue
                     # The router holds the request from before the engine gets it
                     # until the stream ends, which can be before the engine's last
                     # snapshot stops showing it. A sample counts only if the router
