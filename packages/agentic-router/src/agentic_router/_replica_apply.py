@@ -17,27 +17,82 @@ sessions off their homes at 4 replicas, measured in the simulator). Origin
 clocks are compared with the engines' as the feed's ages are: a skew makes the
 correction early or late by that much, for one snapshot at most.
 
+Replicas also decide apart: two replicas that decide within one lag of each
+other see the same state and, left alone, pick the same best worker (herding: at
+4 replicas and 50 ms lag, 4-8x as many same-worker placements within 50 ms as
+one router makes). `set_replica_rank(rank, replicas)` (the replica's place
+among the live ones) makes `_choose` spread such decisions: a worker tied with
+the best (total and tie-break features) or, for a policy whose costs are
+seconds, within `replica_spread_margin` of the work the others placed unseen
+(their recent add rate x the observed lag x the mean prefill time of an add)
+is as good as the best, and each replica takes the one its rank names. One
+replica, or replicas whose events arrive with no lag, decide as one router.
+
 Must not await or do I/O, like the Router.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agentic_router._sequences import WorkerLoad
 from agentic_router.instance import Unreserved
 
 if TYPE_CHECKING:
     from agentic_common import EngineState
+    from agentic_router.policy import PolicySpec, ScoringContext
     from agentic_router.state import PromptRegistry, SequenceEntry, SequenceState
-    from agentic_router.types import Clock
+    from agentic_router.types import Clock, RouterConfig
 
 __all__ = ["ReplicaApply", "SequenceSink"]
 
 #: Sees every AddRequest / MarkPrefillCompleted / Free this Router applied for its own
 #: requests, right after it was applied: (kind, entry, now, the add's block hashes)
 SequenceSink = Callable[[str, "SequenceEntry", float, Sequence[int]], None]
+
+#: the other replicas' add rate is counted over this window (at least RATE_MIN_S of it)
+RATE_WINDOW_S: Final = 5.0
+RATE_MIN_S: Final = 0.5
+#: the observed lag: an exponential average of the remote adds' lags, this weight each
+LAG_WEIGHT: Final = 0.2
+
+
+class _RemoteAdds:
+    """The other replicas' recent adds: their rate, mean prefill tokens and lag."""
+
+    __slots__ = ("lag_s", "tokens", "window")
+
+    def __init__(self) -> None:
+        self.window: deque[tuple[float, int]] = deque()  # (applied at, prefill tokens)
+        self.tokens = 0
+        self.lag_s = 0.0
+
+    def add(self, now: float, prefill_tokens: int, origin_ts: float | None) -> None:
+        self.window.append((now, prefill_tokens))
+        self.tokens += prefill_tokens
+        if origin_ts is not None:
+            lag = max(0.0, now - origin_ts)
+            self.lag_s = (
+                lag if len(self.window) == 1 else self.lag_s + LAG_WEIGHT * (lag - self.lag_s)
+            )
+        self.trim(now)
+
+    def trim(self, now: float) -> None:
+        window = self.window
+        cutoff = now - RATE_WINDOW_S
+        while window and window[0][0] < cutoff:
+            self.tokens -= window.popleft()[1]
+
+    def unseen_tokens(self, now: float) -> float:
+        """Prefill tokens the others are expected to have placed within one lag."""
+        self.trim(now)
+        window = self.window
+        if not window:
+            return 0.0
+        span = min(RATE_WINDOW_S, max(now - window[0][0], RATE_MIN_S))
+        return self.lag_s * self.tokens / span
 
 
 class ReplicaApply:
@@ -51,6 +106,14 @@ class ReplicaApply:
     _sink: SequenceSink | None
     _real: list[EngineState | None]
     _unreserved: list[Unreserved]
+
+    config: RouterConfig
+    # (this replica's rank, live replicas); the other replicas' adds
+    _replica_rank: tuple[int, int] = (0, 1)
+    _remote_adds: _RemoteAdds | None = None
+
+    def _pick(self, ctx: ScoringContext, spec: PolicySpec, totals: list[float]) -> int:
+        raise NotImplementedError  # the Router's
 
     def _track(self, worker: int, now: float) -> None:
         raise NotImplementedError  # the Router's
@@ -83,6 +146,41 @@ class ReplicaApply:
                 then.placed_tokens + after.placed_tokens - before.placed_tokens,
             ),
         )
+
+    def set_replica_rank(self, rank: int, replicas: int) -> None:
+        """This replica's place (0-based) among `replicas` live ones (see the module
+        docstring); (0, 1) is a router alone."""
+        if not 0 <= rank < replicas:
+            raise ValueError(f"rank must be in [0, {replicas}), got {rank}")
+        self._replica_rank = (rank, replicas)
+
+    def _choose(self, ctx: ScoringContext, spec: PolicySpec, totals: list[float]) -> int:
+        """The candidate to place on: `_pick`'s, or for one of several replicas that
+        see each other's decisions late, the one its rank names among those as good
+        as the best (see the module docstring)."""
+        rank, replicas = self._replica_rank
+        remote = self._remote_adds
+        if replicas <= 1 or remote is None or remote.lag_s <= 0.0 or len(totals) <= 1:
+            return self._pick(ctx, spec, totals)
+        best = min(totals)
+        group = [i for i, t in enumerate(totals) if t == best]
+        if len(group) > 1:
+            features = [ctx.feature(f) for f in spec.tie_break]
+            rotation = ctx.rotation()
+            group.sort(key=lambda i: (*(f[i] for f in features), rotation[i]))
+            lead = [f[group[0]] for f in features]
+            group = [i for i in group if [f[i] for f in features] == lead]
+        margin = self.config.replica_spread_margin
+        if spec.costs_in_seconds and margin > 0.0:
+            unseen_s = remote.unseen_tokens(ctx.now) / self.config.prefill_tokens_per_s
+            bound = best + margin * unseen_s
+            if bound > best:
+                near = [(t, i) for i, t in enumerate(totals) if best < t <= bound]
+                group += [i for _, i in sorted(near)]
+        k = rank % len(group)
+        if k:  # not the lead: the decision record says why
+            ctx.notes["replica_spread"] = [k, len(group)]
+        return group[k]
 
     def set_sequence_sink(self, sink: SequenceSink | None) -> None:
         """Send this Router's own sequence events to `sink` (one at a time; None: off)."""
@@ -124,6 +222,10 @@ class ReplicaApply:
             return False
         self._track(entry.worker, now)
         self._backdate(entry.worker, origin_ts, before)
+        remote = self._remote_adds
+        if remote is None:
+            remote = self._remote_adds = _RemoteAdds()
+        remote.add(now, entry.prefill_tokens, origin_ts)
         # a decision the fleet made: the rotation tie-break counts the fleet's decisions,
         # so replicas spread new sessions as one router does, not each from worker 0
         self._seq += 1

@@ -563,6 +563,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
                 ("queue_delay", 1.0),
             ),
             tie_break=("uncached_tokens", "eff_num_requests"),
+            costs_in_seconds=True,
         ),
         PolicySpec(
             "min_ttft",
@@ -578,5 +579,6 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
                 ("eviction_cost", 1.0),
             ),
             tie_break=("uncached_tokens", "eff_num_requests"),
+            costs_in_seconds=True,
         ),
     ]

@@ -75,6 +75,9 @@ class PolicySpec:
     # "any": places requests in any pool (aggregated, prefill or decode);
     # "decode": only meaningful for a P/D decode pool (kv_aware)
     scope: str = "any"
+    # totals are seconds (of predicted TTFT and the like): router replicas may treat
+    # workers within a margin of seconds of the best as equal (replica_spread_margin)
+    costs_in_seconds: bool = False
 
 
 class RouterView(Protocol):

@@ -307,7 +307,7 @@ class Router(WorkerChanges, ReplicaApply):
         spec = self._policy
         ctx, dropped = self._filter(ctx, spec)
         totals, parts = self._score(ctx, spec)
-        worker = ctx.candidates[self._pick(ctx, spec, totals)]
+        worker = ctx.candidates[self._choose(ctx, spec, totals)]
         decode_worker: int | None = None
         if self._decode is not None:
             try:

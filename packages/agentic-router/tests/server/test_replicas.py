@@ -588,6 +588,17 @@ def test_an_engine_added_at_run_time_is_shared_too(redis_uri: str) -> None:  # n
 
             await _until(listed, "/state lists the other replica")
 
+            async def ranked() -> bool:
+                seen = []
+                for r in (r1, r2):
+                    async with http.get(r.url + "/state", headers=auth) as resp:
+                        replicas = (await resp.json())["replicas"]
+                    seen.append((replicas["rank"], replicas["replicas"]))
+                return sorted(seen) == [(0, 2), (1, 2)]
+
+            # each takes its own place among the live replicas (they spread by it)
+            await _until(ranked, "the two replicas rank themselves 0 and 1 of 2")
+
     run(main())
 
 

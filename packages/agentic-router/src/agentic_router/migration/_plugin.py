@@ -75,6 +75,7 @@ def agentic_router_policies(config: RouterConfig) -> Sequence[PolicySpec]:
             "recent-migration penalty; KV flows home -> target",
             (("session_affinity_prefill_gated", AFFINITY_WEIGHT), ("migration_target", 1.0)),
             tie_break=("uncached_tokens", "eff_num_requests"),
+            costs_in_seconds=True,
             decode_selector=_v3_selector,
         ),
     ]

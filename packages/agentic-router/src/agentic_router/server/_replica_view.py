@@ -21,11 +21,13 @@ def replica_status(link: ReplicaLink) -> dict[str, Any]:
     now = time.time()
     return {
         "replica_id": link.replica_id,
+        "rank": link.rank[0],
+        "replicas": link.rank[1],
         "uri": link.target.redacted,
         "store": "up" if link.up else "down",
         "outages": link.outages,
         "outage_seconds": round(link.outage_seconds(), 3),
-        "lag_seconds": round(link.lag_seconds(), 4),
+        "lag_seconds": round(max((s.lag_seconds for s in link.syncs.values()), default=0.0), 4),
         "published": link.published,
         "applied": dict(link.applied),
         "dropped": dict(link.dropped),

@@ -146,8 +146,7 @@ class Peer:
 
 class ReplicaLink:
     """This replica's publisher, reader and heartbeat over one Redis (see the module
-    docstring). `start()` on the running loop, `await stop()`; never raises into
-    the caller; `status()` for /state, `metric_families()` for /metrics."""
+    docstring). `start()` on the running loop, `await stop()`; never raises."""
 
     def __init__(
         self,
@@ -167,6 +166,7 @@ class ReplicaLink:
         self.queue_max = queue_max
         self.started = time.time()
         self.peers: dict[str, Peer] = {}
+        self.rank = (0, 1)  # (ours, live replicas), from the latest heartbeat round
         self.published = 0
         self.applied: Counter[str] = Counter()  # by pool
         self.dropped: Counter[str] = Counter()  # by reason
@@ -411,6 +411,12 @@ class ReplicaLink:
             with contextlib.suppress(ValueError, TypeError, AttributeError):
                 info = json.loads(raw)
                 peer.host, peer.pid, peer.started = info["host"], info["pid"], info["started"]
+        # our place among the live replicas, by id: by it each Router spreads the
+        # decisions the others cannot see yet (agentic_router._replica_apply)
+        live = sorted({self.replica_id, *self.peers})
+        self.rank = (live.index(self.replica_id), len(live))
+        for sync in self.syncs.values():
+            sync.router.set_replica_rank(*self.rank)
 
     def _forget(self, replica: str, reason: str) -> None:
         """Free every reservation another replica holds here, in all its epochs."""
@@ -588,11 +594,7 @@ class ReplicaLink:
 
     @property
     def unpublished(self) -> int:
-        """Our events the others cannot have yet: in the pools' outboxes, queued, or
-        being written (a reset's live state); 0 means every event this replica made
-        so far is in the stream."""
+        """Our events the others cannot have yet (in the outboxes, queued, or being
+        written as a reset's live state); 0: all this replica made are in the stream."""
         outboxes = sum(sync.outbox_size for sync in self.syncs.values())
         return outboxes + len(self._queue) + self._sending + int(self._dirty)
-
-    def lag_seconds(self) -> float:
-        return max((float(s.lag_seconds) for s in self.syncs.values()), default=0.0)

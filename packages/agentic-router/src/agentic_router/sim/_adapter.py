@@ -101,6 +101,8 @@ class RouterDriver:
         self.syncs: list[ReplicaSync] = []
         if config.replicas > 1 and config.replica_sync:
             self.syncs = [ReplicaSync(r, f"replica-{i}") for i, r in enumerate(self.replicas)]
+            for i, r in enumerate(self.replicas):
+                r.set_replica_rank(i, config.replicas)
         self.replica_lag_s = config.replica_lag_s
         self._spread_random = config.replica_spread == "random"
         self._spread_rng = random.Random(config.seed)
