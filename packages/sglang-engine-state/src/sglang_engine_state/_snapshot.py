@@ -130,6 +130,9 @@ def compute_snapshot(
     one), so a hit that did not move costs a few dict lookups, not a search.
     """
     mode = _mode(scheduler)
+    # Stamped before the copies: whatever happened before `ts` is in what is read
+    # below (the router judges another router's event older than `ts` as shown).
+    ts = time.time() if now is None else now
     # The copies, back to back.
     waiting = list(scheduler.waiting_queue)
     remote: list[Any] = []
@@ -199,7 +202,6 @@ def compute_snapshot(
     total_tokens, free_tokens = kv_tokens(scheduler)
     blocks_total = total_tokens // page
     blocks_free = min(blocks_total, free_tokens // page)
-    ts = time.time() if now is None else now
     return EngineState(
         engine_id=engine_id,
         ts=ts,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -29,6 +30,25 @@ pytestmark = pytest.mark.unit
 
 def snap(scheduler: Any) -> EngineState:
     return compute_snapshot(scheduler, "engine_0", seq=3, last_step_ts=12.5, now=100.0, pid=42)
+
+
+def test_the_snapshot_is_stamped_before_it_reads_the_queues() -> None:
+    """Everything that happened before a snapshot's `ts` is in it: a router judges
+    another router's request placed before `ts` as already shown (a stamp taken
+    after the reads, which take time on a busy scheduler, would claim more)."""
+
+    class SlowQueue(list[Any]):
+        read_at = 0.0
+
+        def __iter__(self) -> Any:
+            SlowQueue.read_at = time.time()
+            time.sleep(0.02)  # the scheduler runs meanwhile
+            return super().__iter__()
+
+    scheduler = FakeScheduler()
+    scheduler.waiting_queue = SlowQueue()
+    state = compute_snapshot(scheduler, "engine_0")
+    assert 0.0 < state.ts <= SlowQueue.read_at
 
 
 def test_an_idle_engine() -> None:

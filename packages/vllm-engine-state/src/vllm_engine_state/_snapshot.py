@@ -116,6 +116,9 @@ def compute_snapshot(
     from one snapshot to the next (the publisher keeps one), so that a hit
     that did not move costs two lookups instead of a search.
     """
+    # Stamped before the copy: whatever happened before `ts` is in what is read
+    # below (the router judges another router's event older than `ts` as shown).
+    ts = time.time() if now is None else now
     requests = list(scheduler.requests.values())  # the one copy
     view = prefix_cache_view(scheduler)
     lookup = view.lookup
@@ -159,7 +162,6 @@ def compute_snapshot(
     pool = scheduler.kv_cache_manager.block_pool
     blocks_total = max(0, pool.num_gpu_blocks - 1)  # one block is vLLM's reserved null block
     blocks_free = min(blocks_total, max(0, pool.get_num_free_blocks()))
-    ts = time.time() if now is None else now
     return EngineState(
         engine_id=engine_id,
         ts=ts,

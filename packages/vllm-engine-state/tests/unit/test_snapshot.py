@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 from engine_state_fakes import LAYOUTS, FakeRequest, FakeScheduler, Status
 from hypothesis import given, settings
@@ -29,6 +32,25 @@ def test_empty_scheduler_is_idle() -> None:
     assert state.gpu_kv_used_frac == 0.0
     assert state.pending_prefill_tokens == state.max_prefill_remaining == 0
     assert state.num_prefilling == state.num_decoding == state.ongoing_decode_tokens == 0
+
+
+def test_the_snapshot_is_stamped_before_it_reads_the_requests() -> None:
+    """Everything that happened before a snapshot's `ts` is in it: a router judges
+    another router's request placed before `ts` as already shown (a stamp taken
+    after the read, which takes time on a busy engine, would claim more)."""
+
+    class SlowTable(dict[str, FakeRequest]):
+        read_at = 0.0
+
+        def values(self) -> Any:
+            SlowTable.read_at = time.time()
+            time.sleep(0.02)  # the engine runs meanwhile
+            return super().values()
+
+    sched = FakeScheduler()
+    sched.requests = SlowTable()
+    state = compute_snapshot(sched, "engine_0")
+    assert 0.0 < state.ts <= SlowTable.read_at
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
