@@ -164,12 +164,11 @@ class ReplicaApply:
             return self._pick(ctx, spec, totals)
         best = min(totals)
         group = [i for i, t in enumerate(totals) if t == best]
-        if len(group) > 1:
-            features = [ctx.feature(f) for f in spec.tie_break]
-            rotation = ctx.rotation()
-            group.sort(key=lambda i: (*(f[i] for f in features), rotation[i]))
-            lead = [f[group[0]] for f in features]
-            group = [i for i in group if [f[i] for f in features] == lead]
+        if len(group) > 1:  # in _pick's order; those equal to its pick in features too
+            key = ctx.tie_key(spec.tie_break)
+            group.sort(key=key)
+            lead = key(group[0])[:-1]
+            group = [i for i in group if key(i)[:-1] == lead]
         margin = self.config.replica_spread_margin
         if spec.costs_in_seconds and margin > 0.0:
             unseen_s = remote.unseen_tokens(ctx.now) / self.config.prefill_tokens_per_s

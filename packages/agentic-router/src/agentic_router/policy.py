@@ -237,6 +237,13 @@ class ScoringContext:
         values: Sequence[float] = getattr(self, name)
         return values
 
+    def tie_key(self, tie_break: Sequence[str]) -> Callable[[int], tuple[float, ...]]:
+        """Candidate index -> its place among equal totals: the tie-break features in
+        turn, then the rotation (last)."""
+        features = [self.feature(f) for f in tie_break]
+        rotation = self.rotation()
+        return lambda i: (*(f[i] for f in features), rotation[i])
+
     def rotation(self) -> list[int]:
         """(worker - seq) mod n: the last tie-break, and round-robin's score. With
         workers draining or retired, a worker's place among the open ones stands for

@@ -394,9 +394,7 @@ class Router(WorkerChanges, ReplicaApply):
         ties = [i for i, t in enumerate(totals) if t == best_total]
         if len(ties) == 1:
             return ties[0]
-        tie_lists = [ctx.feature(f) for f in spec.tie_break]
-        rotation = ctx.rotation()
-        return min(ties, key=lambda i: (*(t[i] for t in tie_lists), rotation[i]))
+        return min(ties, key=ctx.tie_key(spec.tie_break))
 
     def route(self, req: RoutingRequest) -> Decision:
         """decide, then reserve the request on the chosen worker(s) (AddRequest)."""
