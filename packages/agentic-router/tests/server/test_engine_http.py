@@ -1,0 +1,327 @@
+"""The request path's own HTTP/1.1 client to engines (server/_engine_http.py), over
+real sockets: engines that answer in every shape HTTP/1.1 allows, and some it
+does not. Each engine here is a scripted socket server, so the bytes on the wire
+are exactly the test's."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentic_router.server._engine_http import EngineDisconnected, EnginePool, Target
+from agentic_router.server.testing import running_router
+
+from .conftest import completion_body, config, run
+
+pytestmark = pytest.mark.e2e
+
+ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
+
+#: (writer, request index on this connection, the request's head, body) -> keep the
+#: connection open for another request?
+Script = Callable[[asyncio.StreamWriter, int, bytes, bytes], Awaitable[bool]]
+
+
+def ok_answer(body: bytes = ANSWER, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+        % (extra, len(body), body)
+    )
+
+
+async def answer_ok(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+    w.write(ok_answer())
+    return True
+
+
+class ScriptedEngine:
+    """A socket server that reads HTTP/1.1 requests (Content-Length bodies) and answers
+    each with what `script` writes; keeps every request head and counts the
+    connections that carried a POST (the router's GETs, /v1/models, go on aiohttp)."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self.posts: list[bytes] = []
+        self.server: asyncio.Server | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> ScriptedEngine:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        i = 0
+        counted = False
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await r.readexactly(length)
+                self.heads.append(head)
+                if head.startswith(b"POST"):
+                    self.posts.append(head)
+                    if not counted:
+                        counted = True
+                        self.connections += 1
+                keep = await self.script(w, i, head, body)
+                await w.drain()
+                i += 1
+                if not keep:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+
+async def post(url: str, body: dict[str, Any], **headers: str) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s,
+        s.post(url + "/v1/completions", json=body, headers=headers) as resp,
+    ):
+        return resp.status, await resp.read()
+
+
+CLIENTS = pytest.mark.parametrize("client", ["auto", "aiohttp"])
+
+
+@CLIENTS
+def test_requests_reuse_one_kept_alive_connection(client: str) -> None:
+    async def main() -> None:
+        async with (
+            ScriptedEngine(answer_ok) as e,
+            running_router(config(engines=[e.url], engine_client=client)) as r,
+        ):
+            for _ in range(3):
+                assert await post(r.url, completion_body()) == (200, ANSWER)
+            # aiohttp's pool shares the connection of the router's GET /v1/models
+            assert e.connections == 1 if client == "auto" else e.connections <= 2
+            # auto: the engine client served them; aiohttp: the kill switch
+            assert (r.proxy.client.pool is not None) == (client == "auto")
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # no length: the answer ends with the connection
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + ANSWER,
+        # chunked, in pieces that split a chunk's size line
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(
+            b"%x\r\n%s\r\n" % (len(ANSWER[k : k + 7]), ANSWER[k : k + 7])
+            for k in range(0, len(ANSWER), 7)
+        )
+        + b"0\r\n\r\n",
+        # 103 Early Hints before the answer
+        b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n" + ok_answer(),
+        # HTTP/1.0 with a length
+        b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(ANSWER), ANSWER),
+    ],
+    ids=["until-close", "chunked", "early-hints", "http-1.0"],
+)
+def test_every_shape_of_a_whole_answer_is_relayed(answer: bytes) -> None:
+    async def script(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        for k in range(0, len(answer), 5):  # in small writes
+            w.write(answer[k : k + 5])
+            await w.drain()
+            await asyncio.sleep(0)
+        return b"Connection: close" not in answer and b"HTTP/1.0" not in answer
+
+    async def main() -> None:
+        async with ScriptedEngine(script) as e, running_router(config(engines=[e.url])) as r:
+            for _ in range(2):
+                assert await post(r.url, completion_body()) == (200, ANSWER)
+
+    run(main())
+
+
+@CLIENTS
+@pytest.mark.parametrize("status", [204, 301, 307])
+def test_a_redirect_or_an_empty_success_is_not_relayed_nor_followed(
+    status: int, client: str
+) -> None:
+    async def elsewhere(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(ok_answer())
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(elsewhere) as other:
+
+            async def redirect(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+                w.write(
+                    b"HTTP/1.1 %d X\r\nLocation: %s/v1/completions\r\nContent-Length: 0\r\n\r\n"
+                    % (status, other.url.encode())
+                )
+                return True
+
+            async with (
+                ScriptedEngine(redirect) as e,
+                running_router(config(engines=[e.url], max_retries=0, engine_client=client)) as r,
+            ):
+                got, data = await post(r.url, completion_body())
+                assert got == 502
+                assert f"answered {status} instead of 200" in json.loads(data)["error"]["message"]
+                assert other.posts == []  # the prompt went nowhere else
+
+    run(main())
+
+
+def test_an_answer_cut_short_is_retried_on_another_engine_and_its_connection_dropped() -> None:
+    async def cut(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(ok_answer()[:-10])  # the length promises 10 bytes more
+        return False
+
+    async def main() -> None:
+        async with (
+            ScriptedEngine(cut) as bad,
+            ScriptedEngine(answer_ok) as good,
+            running_router(config(engines=[bad.url, good.url], max_retries=1)) as r,
+        ):
+            for _ in range(2):  # round robin: each request meets the cut engine once
+                assert await post(r.url, completion_body()) == (200, ANSWER)
+            assert bad.connections == 2  # a broken answer's connection is never reused
+
+    run(main())
+
+
+def test_a_connection_the_engine_closed_while_idle_is_not_used_again() -> None:
+    async def once(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(ok_answer())
+        return False  # the engine closes each connection after one answer
+
+    async def main() -> None:
+        async with (
+            ScriptedEngine(once) as e,
+            running_router(config(engines=[e.url], max_retries=0)) as r,
+        ):
+            for _ in range(3):
+                assert await post(r.url, completion_body()) == (200, ANSWER)
+                await asyncio.sleep(0.05)  # the close reaches the router
+            assert e.connections == 3
+            assert [ep.breaker.to_dict()["consecutive_failures"] for ep in r.proxy.endpoints] == [0]
+
+    run(main())
+
+
+@CLIENTS
+def test_credentials_in_the_engine_url_replace_the_clients_authorization(client: str) -> None:
+    async def main() -> None:
+        async with ScriptedEngine(answer_ok) as e:
+            url = e.url.replace("http://", "http://alice:p%40ss@")
+            async with running_router(config(engines=[url], engine_client=client)) as r:
+                got = await post(r.url, completion_body(), Authorization="Bearer sk-client")
+                assert got == (200, ANSWER)
+        head = e.posts[0].decode()
+        assert f"Authorization: Basic {base64.b64encode(b'alice:p@ss').decode()}" in head
+        assert "sk-client" not in head
+        assert "alice" not in head.split("\r\n")[1]  # the Host header carries no credentials
+
+    run(main())
+
+
+def test_a_stream_read_slower_than_it_arrives_pauses_the_connection() -> None:
+    """An engine streaming faster than the router relays: reading stops while 1 MiB
+    waits unread, and every byte still arrives, in order."""
+    piece = b"x" * 65536
+    pieces = 64  # 4 MiB
+
+    async def flood(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for k in range(pieces):
+            w.write(b"%x\r\n%s\r\n" % (len(piece), piece[:-8] + b"%08d" % k))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(flood) as e:
+            pool = EnginePool(connect_timeout_s=2.0)
+            target = Target.of(e.url + "/v1/completions")
+            assert target is not None
+            answer = await pool.request(target, {"Content-Type": "application/json"}, b"{}")
+            await asyncio.sleep(0.3)  # the engine writes on; the router reads nothing
+            assert answer._conn.paused
+            got = b"".join([chunk async for chunk in answer.content.iter_any()])
+            assert len(got) == pieces * len(piece)
+            assert [got[k * len(piece) - 8 : k * len(piece)] for k in range(1, 4)] == [
+                b"%08d" % k for k in range(3)
+            ]
+            answer.release()
+            assert pool.open_connections() == 1  # read to its end: kept for the next request
+            await pool.close()
+
+    run(main())
+
+
+def test_bytes_an_idle_connection_receives_close_it() -> None:
+    async def chatty(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(ok_answer() + b"HTTP/1.1 200 OK\r\n")  # more than was asked for
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(chatty) as e:
+            pool = EnginePool(connect_timeout_s=2.0)
+            target = Target.of(e.url + "/v1/completions")
+            assert target is not None
+            for _ in range(2):
+                answer = await pool.request(target, {}, b"{}")
+                assert await answer.content.readany() == ANSWER
+                answer.release()
+                await asyncio.sleep(0.05)
+            assert e.connections == 2
+            await pool.close()
+
+    run(main())
+
+
+def test_a_refused_connection_is_an_engine_connect_error() -> None:
+    async def main() -> None:
+        from agentic_router.server._engine_http import EngineConnectError
+        from agentic_router.server.testing import refused_url
+
+        pool = EnginePool(connect_timeout_s=2.0)
+        target = Target.of(refused_url() + "/v1/completions")
+        assert target is not None
+        with pytest.raises(EngineConnectError):
+            await pool.request(target, {}, b"{}")
+        await pool.close()
+
+    run(main())
+
+
+def test_a_malformed_answer_head_is_an_engine_disconnect() -> None:
+    async def garbage(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(b"SMTP ready\r\n\r\n")
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(garbage) as e:
+            pool = EnginePool(connect_timeout_s=2.0)
+            target = Target.of(e.url + "/v1/completions")
+            assert target is not None
+            with pytest.raises(EngineDisconnected):
+                await pool.request(target, {}, b"{}")
+            assert pool.open_connections() == 0
+            await pool.close()
+
+    run(main())
