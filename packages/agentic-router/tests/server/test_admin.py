@@ -266,3 +266,28 @@ def test_max_inflight_sheds_load_with_503() -> None:
             assert r.active_requests() == 0
 
     run(main())
+
+
+def test_an_undecodable_admin_token_is_refused_with_401() -> None:
+    """An Authorization header with bytes that are not UTF-8 (a pasted token from
+    another encoding) is a wrong token, not a router error."""
+
+    async def ask(port: int, value: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /state HTTP/1.1\r\nHost: x\r\nAuthorization: " + value + b"\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        answer = await reader.read()
+        writer.close()
+        return answer
+
+    async def main() -> None:
+        cfg = config(engines=[refused_url()], admin_token="s3cret")
+        async with running_router(cfg) as r:
+            port = int(r.url.rsplit(":", 1)[1])
+            for value in (b"Bearer \xff\xfe", b"Bearer \xed\xa0\x80", b"Bearer s3cret\xff"):
+                answer = await ask(port, value)
+                assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+    run(main())

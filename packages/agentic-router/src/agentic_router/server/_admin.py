@@ -34,7 +34,9 @@ def admin_refusal(request: web.Request, config: ServerConfig, what: str) -> web.
     if not token:
         return json_error(403, f"{what} is disabled: set --admin-token to enable it")
     given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    # the header's bytes as they came (undecodable ones are surrogate-escaped)
+    given_bytes = given.encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(given_bytes, f"Bearer {token}".encode()):
         return json_error(
             401,
             f"{what} needs 'Authorization: Bearer <admin token>'",
