@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentic_router.server.testing import FakeEngine, RunningRouter, running_router
+from agentic_router.server.testing import FakeEngine, RunningRouter, refused_url, running_router
 from agentic_router.server.testing._fake_engine import free_socket
 
 from .conftest import completion_body, config, eventually, run
@@ -394,3 +394,39 @@ def test_an_engine_answer_over_max_response_bytes_is_a_502_not_a_buffer() -> Non
             await runner.cleanup()
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"Authorization: Bearer sk-proj-VERYSECRETKEY-0123\x7f",  # one bad byte
+        b"Authorization: Bearer sk-proj-VERYSECRETKEY-0123\x00",
+        b"Authorization: Bearer sk-proj-VERYSECRETKEY-" + b"k" * 9000,  # oversized
+    ],
+    ids=["del", "nul", "oversized"],
+)
+def test_a_malformed_header_is_refused_without_logging_its_value(
+    header: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The HTTP parser's message quotes the offending request bytes: an API key with a
+    stray byte (a pasted token) would land in the router's log."""
+
+    async def main() -> bytes:
+        async with running_router(config(engines=[refused_url()])) as r:
+            port = int(r.url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s\r\n"
+                b"Content-Length: 2\r\nConnection: close\r\n\r\n{}" % header
+            )
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+    with caplog.at_level(logging.DEBUG):
+        answer = run(main())
+    assert answer.split(b" ", 2)[1].startswith(b"4"), answer[:100]
+    assert b"VERYSECRETKEY" not in answer
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "client error: 4" in logged
+    assert "VERYSECRETKEY" not in logged

@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
@@ -41,6 +42,17 @@ def one_line(text: str, limit: int = 300) -> str:
     """A client-supplied message made safe for one log line: whitespace folded, cut."""
     folded = " ".join(text.split())
     return folded if len(folded) <= limit else folded[: limit - 3] + "..."
+
+
+#: a bytes literal the HTTP parser quotes from the request (closed or cut off)
+_QUOTED_BYTES: Final = re.compile(r"""b'(?:[^'\\]|\\.)*'?|b"(?:[^"\\]|\\.)*"?""")
+
+
+def without_request_bytes(message: str) -> str:
+    """The HTTP parser's message with the request bytes it quotes left out: they can
+    be a header's value (an API key with one bad byte, an oversized cookie), which
+    must not reach the logs."""
+    return _QUOTED_BYTES.sub("<request bytes omitted>", message)
 
 
 def _ignore(status: int) -> None:
@@ -168,7 +180,7 @@ class RouterProtocol(web.RequestHandler):
             text = "internal error in the router"
         else:
             if isinstance(exc, HttpProcessingError) and exc.message:
-                message = exc.message
+                message = without_request_bytes(exc.message)
             text = one_line(message or str(exc or "bad request"))
             self._counted(status)
             if self._request_count == 1 and isinstance(exc, BadHttpMethod):
