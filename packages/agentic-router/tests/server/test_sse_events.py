@@ -60,3 +60,29 @@ def test_a_stream_without_done_is_not_complete() -> None:
     assert out == _EVENTS[0]
     assert not events.done
     assert not events.problem
+
+
+def test_a_stream_sent_byte_by_byte_is_relayed_whole() -> None:
+    stream = b"".join(_EVENTS)
+    out, events = _relay(stream, list(range(len(stream))))
+    assert out == stream
+    assert events.done
+
+
+@given(st.lists(st.integers(0, 400), max_size=12))
+def test_nothing_after_the_end_of_the_stream_is_relayed(cuts: list[int]) -> None:
+    """An engine that goes on after [DONE] (or after a Responses stream's last event):
+    the client's stream has ended there."""
+    stream = b"".join(_EVENTS)
+    out, events = _relay(stream + _EVENTS[0] + b"data: oops\n\n", cuts)
+    assert out == stream
+    assert events.done
+    assert not events.problem
+
+
+def test_an_event_that_never_ends_is_malformed_however_it_is_chunked() -> None:
+    events = SseEvents(max_event_bytes=1000)
+    relayed = b"".join(events.feed(b'data: {"x": "' if k == 0 else b"y" * 7) for k in range(200))
+    assert relayed == b""
+    assert events.problem.startswith("no event boundary in")
+    assert events.feed(b'"}\n\n') == b""  # nothing from there on

@@ -32,7 +32,17 @@ class SseEvents:
     the usual case, is accepted without looking at its lines (0.5 us against
     about 5 us for the line-by-line check, measured here)."""
 
-    __slots__ = ("_rest", "done", "ends", "keep", "kept", "max_event_bytes", "problem")
+    __slots__ = (
+        "_pending",
+        "_pending_bytes",
+        "_tail",
+        "done",
+        "ends",
+        "keep",
+        "kept",
+        "max_event_bytes",
+        "problem",
+    )
 
     def __init__(
         self,
@@ -41,7 +51,9 @@ class SseEvents:
         ends: frozenset[bytes] = frozenset(),
         keep: bytes | None = None,
     ) -> None:
-        self._rest = b""
+        self._pending: list[bytes] = []  # bytes of an event not yet whole
+        self._pending_bytes = 0
+        self._tail = b""  # the last 2 of them (a boundary may straddle the next chunk)
         self.done = False  # `data: [DONE]`, or an event named in `ends`, seen
         self.problem = ""  # why the stream is garbage (set when feed/finish return None)
         self.max_event_bytes = max_event_bytes
@@ -55,39 +67,69 @@ class SseEvents:
     def feed(self, chunk: bytes) -> bytes:
         """The whole, well-formed events that `chunk` completes, to relay (b"" if
         none yet). At the first malformed one, `problem` says what, and nothing
-        from there on is ever returned."""
-        if self.problem:
+        from there on is ever returned; nothing after the stream's end (`done`) is
+        either. An event arriving in many small chunks costs time in proportion to
+        its size: a boundary is looked for in the new bytes only."""
+        if self._over():
             return b""
-        if (  # the common case, one whole event per chunk: checked in C, not line by line
-            not self._rest
-            and chunk.startswith(b"data: {")
-            and chunk.endswith(b"}\n\n")
-            and chunk.count(b"\n") == 2
-        ):
-            return chunk
-        data = self._rest + chunk if self._rest else chunk
-        cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
+        pending = self._pending
+        if not pending:
+            if (  # the common case, one whole event per chunk: checked in C, not line by line
+                chunk.startswith(b"data: {")
+                and chunk.endswith(b"}\n\n")
+                and chunk.count(b"\n") == 2
+            ):
+                return chunk
+            data = chunk
+            cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
+            self._tail = b""
+        else:
+            # a boundary lies in the new bytes or straddles their start ("\n\r" + "\n")
+            probe = self._tail + chunk
+            found = max(probe.rfind(b"\n\n"), probe.rfind(b"\n\r\n"))
+            if found < 0:
+                data = b""
+                cut = -1
+            else:
+                data = b"".join(pending) + chunk
+                cut = len(data) - len(probe) + found
+                pending.clear()
+                self._pending_bytes = 0
         if cut < 0:
-            self._rest = data
-            if len(data) > self.max_event_bytes:
-                self.problem = f"no event boundary in {len(data)} bytes"
-                self._rest = b""
+            pending.append(chunk)
+            self._pending_bytes += len(chunk)
+            self._tail = (self._tail + chunk)[-2:]
+            if self._pending_bytes > self.max_event_bytes:
+                self.problem = f"no event boundary in {self._pending_bytes} bytes"
+                pending.clear()
             return b""
         end = cut + (2 if data[cut + 1 : cut + 2] == b"\n" else 3)
-        ready, self._rest = data[:end], data[end:]
+        ready, rest = data[:end], data[end:]
+        if rest:
+            pending.append(rest)
+            self._pending_bytes = len(rest)
+            self._tail = rest[-2:]
         start = 0
         for boundary in _EVENT_END.finditer(ready):
             if boundary.start() > start and not self._check(ready[start : boundary.start()]):
-                self._rest = b""
+                pending.clear()
                 return ready[:start]
             start = boundary.end()
+            if self.done:  # the stream's end: what follows is not relayed
+                pending.clear()
+                return ready[:start]
         return ready
+
+    def _over(self) -> bool:
+        """Nothing more is relayed: the stream was malformed or has ended."""
+        return bool(self.problem) or self.done
 
     def finish(self) -> bytes:
         """At the end of the stream: a last event that came without its blank line,
         if well-formed (else `problem` says what)."""
-        rest, self._rest = self._rest, b""
-        if self.problem or not rest.strip():
+        rest = b"".join(self._pending)
+        self._pending.clear()
+        if self.problem or self.done or not rest.strip():
             return b""
         return rest if self._check(rest.strip()) else b""
 
