@@ -325,3 +325,80 @@ def test_a_malformed_answer_head_is_an_engine_disconnect() -> None:
             await pool.close()
 
     run(main())
+
+
+STREAM = [
+    b'data: {"choices":[{"text":" a"}]}\n\n',
+    b'data: {"choices":[{"text":" b"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def _stream(url: str) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s,
+        s.post(url + "/v1/completions", json=completion_body(stream=True)) as resp,
+    ):
+        return resp.status, await resp.read()
+
+
+@CLIENTS
+@pytest.mark.parametrize("after_done", ["stall", "more-events"])
+def test_a_stream_ends_for_the_client_at_done_whatever_the_engine_does_next(
+    after_done: str, client: str
+) -> None:
+    """An engine that sends [DONE] and then neither ends its answer nor stays quiet:
+    the client's stream ends at [DONE], at once, with nothing after it, and the
+    engine is not blamed (the idle deadline used to fire 300 s later and append an
+    error event after [DONE])."""
+
+    async def script(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        w.write(b"Transfer-Encoding: chunked\r\n\r\n")
+        for event in STREAM:
+            w.write(_chunk(event))
+        if after_done == "more-events":
+            w.write(_chunk(b'data: {"choices":[{"text":" late"}]}\n\n'))
+        await w.drain()
+        await asyncio.sleep(30)  # never ends its answer
+        return False
+
+    async def main() -> None:
+        async with (
+            ScriptedEngine(script) as e,
+            running_router(
+                config(engines=[e.url], engine_client=client, stream_idle_timeout_s=20.0)
+            ) as r,
+        ):
+            started = asyncio.get_running_loop().time()
+            status, data = await _stream(r.url)
+            took = asyncio.get_running_loop().time() - started
+            assert status == 200
+            assert data == b"".join(STREAM)
+            assert took < 10  # well before the idle deadline
+            assert r.proxy.endpoints[0].breaker.to_dict()["consecutive_failures"] == 0
+
+    run(main())
+
+
+def test_a_stream_that_ends_properly_keeps_its_connection() -> None:
+    async def script(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+        w.write(b"Transfer-Encoding: chunked\r\n\r\n")
+        for event in STREAM:
+            w.write(_chunk(event))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(script) as e, running_router(config(engines=[e.url])) as r:
+            for _ in range(3):
+                assert await _stream(r.url) == (200, b"".join(STREAM))
+            assert e.connections == 1
+
+    run(main())

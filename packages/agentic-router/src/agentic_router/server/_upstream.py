@@ -29,7 +29,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from agentic_router._capped import Answer, TooLarge, read_capped
+from agentic_router._capped import Answer, Chunks, TooLarge, read_capped
 from agentic_router.server._accounting import (
     Accounting,
     Endpoint,
@@ -47,6 +47,8 @@ from agentic_router.server._sse import response_id_of, sse_events
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
 _SSE_END: Final = b"\n\n"
+#: how long the rest of an answer is read after its stream's end ([DONE])
+_AFTER_DONE_S: Final = 1.0
 
 
 class Deadline:
@@ -406,7 +408,7 @@ class EngineClient:
                     ctx.started = True
                     await out.prepare(ctx.request)
                     await out.write(ready)
-                    while not ended:
+                    while not ended and not events.done:
                         deadline.push(idle)
                         try:
                             chunk = await content.readany()
@@ -430,6 +432,11 @@ class EngineClient:
                                 f"engine {engine} sent a malformed event",
                             )
                             break
+                    if fault is None and events.done and not ended:
+                        # The client's stream ends here. The engine's answer normally
+                        # ends right after (its last chunk): read that, so its
+                        # connection is kept; whatever else it sends is not relayed.
+                        await _drain(content, _AFTER_DONE_S)
                     if fault is None and not events.done:
                         events.problem = "the stream ended without [DONE]"
                         fault = (
@@ -465,6 +472,15 @@ class EngineClient:
         with contextlib.suppress(ConnectionResetError):
             await out.write_eof()
         return out
+
+
+async def _drain(content: Chunks, within_s: float) -> None:
+    """Read and drop what is left of an answer, for at most `within_s` seconds (the
+    answer's end then lets its connection be reused; else it is closed)."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError, OSError):
+        async with asyncio.timeout(within_s):
+            while await content.readany():
+                pass
 
 
 class HealthChecker:
