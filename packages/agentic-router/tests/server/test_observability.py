@@ -393,3 +393,51 @@ def test_a_full_log_queue_drops_and_counts_instead_of_waiting() -> None:
         log.propagate = True
     assert handler.dropped == 3
     assert [waiting.get_nowait().msg for _ in range(2)] == ["line 0", "line 1"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_session_id_cannot_forge_or_lose_a_log_line(fmt: str) -> None:
+    """A client's `user` (the session id) with a newline, terminal escapes or a lone
+    surrogate: the text log keeps one line per record (escaped), and the JSON log
+    writes the access line instead of a logging error."""
+    forged = "s1\n2026-01-01 00:00:00,000 ERROR agentic_router.server: forged\x1b[2J"
+    lone = "s2\udcff"
+
+    async def main() -> str:
+        port = free_port()
+        async with FakeEngine("vllm") as eng:
+            proc = serve(
+                "--engine", "e0=" + eng.url, "--port", str(port),
+                "--health-check-interval-s", "0", "--log-format", fmt, "--access-log",
+            )  # fmt: skip
+            try:
+                url = f"http://127.0.0.1:{port}"
+                async with aiohttp.ClientSession() as s:
+                    await _wait_listening(s, url, proc)
+                    for user in (forged, lone):
+                        body = json.dumps(completion_body(user=user)).encode()
+                        async with s.post(
+                            url + "/v1/completions",
+                            data=body,
+                            headers={"Content-Type": "application/json"},
+                        ) as r:
+                            assert r.status == 200
+            finally:
+                proc.terminate()
+                out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+        return out
+
+    out = run(main())
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert "Logging error" not in out
+    if fmt == "json":
+        records = [json.loads(line) for line in lines]
+        access = [r for r in records if r["logger"] == ACCESS and r["method"] == "POST"]
+        assert [r["session_id"] for r in access] == [forged, lone]
+    else:
+        assert all(line[:4].isdigit() for line in lines), out  # each line is a record's
+        access = [line for line in lines if f" {ACCESS}: " in line and " POST " in line]
+        assert len(access) == 2, out
+        assert "session=s1\\n2026-01-01" in access[0]
+        assert "\\x1b[2J" in access[0]
+        assert "session=s2\\udcff" in access[1]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import json
 import logging
 import queue
 import sys
@@ -71,7 +72,38 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         # default=str: a field no JSON type fits is written as its str(), never dropped
-        return orjson.dumps(out, default=str).decode()
+        try:
+            return orjson.dumps(out, default=str).decode()
+        except (TypeError, orjson.JSONEncodeError):  # a lone surrogate (undecodable bytes)
+            return json.dumps(out, default=str)  # escapes it: \udcff
+
+
+#: control characters (C0, DEL, C1) as escapes: what a client sends cannot start a
+#: new log line or move the terminal's cursor
+_CONTROLS: Final = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]} | {
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x09: "\\t",
+}
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line, readable: control characters escaped, and characters no
+    encoding writes (lone surrogates, from undecodable bytes) as backslash escapes."""
+    if text.isprintable():
+        return text
+    text = text.translate(_CONTROLS)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, with each message on one line (`escape_controls`): a session
+    id or path with a newline in it cannot forge a log line. A traceback, added
+    after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 #: records waiting for the log thread; beyond this they are dropped (and counted)
@@ -118,7 +150,7 @@ def configure_logging(level: str, fmt: str) -> None:
         stream.setFormatter(JsonFormatter())
         set_message_suffix(False)  # the id is a field, not the end of the message
     else:
-        stream.setFormatter(logging.Formatter(TEXT_FORMAT))
+        stream.setFormatter(TextFormatter(TEXT_FORMAT))
         set_message_suffix(True)
     shutdown_logging()
     handler = _ToLogThread(queue.Queue(QUEUE_MAX))
