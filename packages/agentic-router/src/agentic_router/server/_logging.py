@@ -101,7 +101,7 @@ class TextFormatter(logging.Formatter):
     id or path with a newline in it cannot forge a log line. A traceback, added
     after the message, keeps its lines."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_controls(record.message)
         return super().formatMessage(record)
 
