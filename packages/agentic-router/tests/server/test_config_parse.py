@@ -19,6 +19,7 @@ from agentic_router.server._config import add_arguments
 from agentic_router.server._parse import (
     CHAT,
     COMPLETIONS,
+    MAX_TOKEN_ID,
     BadRequest,
     decode_json,
     parse_body,
@@ -231,3 +232,49 @@ def test_the_fast_decoder_gives_what_json_gives(tree: Any) -> None:
 )
 def test_what_only_json_takes_is_still_taken(raw: bytes) -> None:
     assert repr(decode_json(raw)) == repr(json.loads(raw))
+
+
+def _prompt_is_valid(prompt: Any) -> bool:
+    """What a completion prompt may be, spelled out: a string, or a non-empty list of
+    strings, of token ids (ints in 0..MAX_TOKEN_ID, bools not), or of non-empty
+    lists of token ids."""
+
+    def ids(xs: list[Any]) -> bool:
+        return all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in xs)
+
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return (
+        all(isinstance(p, str) for p in prompt)
+        or ids(prompt)
+        or all(isinstance(p, list) and p and ids(p) for p in prompt)
+    )
+
+
+_token = st.one_of(
+    st.integers(0, MAX_TOKEN_ID),
+    st.integers(-3, -1),
+    st.integers(MAX_TOKEN_ID + 1, 2**70),
+    st.booleans(),
+    st.floats(0, 10, allow_nan=False),
+)
+_prompts = st.one_of(
+    st.text(max_size=5),
+    st.lists(st.text(max_size=3), max_size=4),
+    st.lists(_token, max_size=6),
+    st.lists(st.lists(_token, max_size=4), max_size=5),
+    st.lists(st.one_of(st.lists(_token, max_size=3), _token, st.text(max_size=2)), max_size=4),
+)
+
+
+@given(_prompts)
+def test_a_prompt_is_accepted_exactly_when_it_is_valid(prompt: Any) -> None:
+    raw = json.dumps({"model": "m", "prompt": prompt}).encode()
+    try:
+        parse_body(raw, COMPLETIONS)
+    except BadRequest as exc:
+        assert not _prompt_is_valid(prompt), exc.message
+    else:
+        assert _prompt_is_valid(prompt)
