@@ -681,3 +681,70 @@ def test_pd_retry_after_comes_from_the_pool_that_has_no_engine_left() -> None:
             assert [len(e.requests) for e in (p, d0, d1)] == [0, 0, 0]
 
     run(main())
+
+
+# ---- a request that crashes engines is not the engines' failure ----
+
+
+async def _breaker_failures(r: Any) -> list[int]:
+    return [ep.breaker.to_dict()["consecutive_failures"] for ep in r.proxy.endpoints]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/detokenize"])
+def test_a_request_every_engine_answers_500_cannot_open_the_circuits(path: str) -> None:
+    """A client that found an input making engines answer 500 (the audit's
+    `/detokenize` of an id past the vocabulary) used to open every circuit with two
+    requests, taking the fleet away from everyone: a 500 that two engines give the
+    same request is the request's failure, counted as `request_5xx`, not theirs."""
+
+    async def main() -> None:
+        a, b = FakeEngine("vllm"), FakeEngine("vllm")
+        cfg = config(engines=[a.url, b.url], failure_threshold=2, max_retries=1)
+        if path == "/detokenize":  # the fake, like an engine, crashes on this id
+            poison, fine = {"tokens": [2**62]}, {"tokens": [1, 2]}
+        else:  # stands for any input that crashes the engine
+            poison = fine = completion_body()
+            a.faults.fail_status = b.faults.fail_status = 500
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            for _ in range(4):
+                async with s.post(r.url + path, json=poison) as resp:
+                    assert resp.status == 502
+            assert [ep.breaker.state for ep in r.proxy.endpoints] == ["closed", "closed"]
+            assert await _breaker_failures(r) == [0, 0]
+            metrics = await _metrics(r.url)
+            for engine in ("engine_0", "engine_1"):
+                counted = f'{{engine="{engine}",kind="request_5xx"}} 4'
+                assert f"agentic_router_engine_failures_total{counted}" in metrics
+            a.faults.fail_status = b.faults.fail_status = None
+            async with s.post(r.url + path, json=fine) as resp:
+                assert resp.status == 200  # the fleet still serves everyone else
+
+    run(main())
+
+
+def test_an_engine_that_answers_500_to_what_another_serves_still_opens_its_circuit() -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm"), FakeEngine("vllm")
+        bad.faults.fail_status = 500
+        cfg = config(engines=[bad.url, good.url], failure_threshold=2, max_retries=1)
+        async with bad, good, running_router(cfg) as r:
+            for _ in range(4):  # round robin: two of them meet the bad engine first
+                status, _, _ = await _post(r.url, completion_body())
+                assert status == 200
+            assert [ep.breaker.state for ep in r.proxy.endpoints] == ["open", "closed"]
+
+    run(main())
+
+
+def test_the_only_engine_answering_500_is_still_its_failure() -> None:
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.fail_status = 500
+        cfg = config(engines=[eng.url], failure_threshold=2, max_retries=1)
+        async with eng, running_router(cfg) as r:
+            for _ in range(2):
+                status, _, _ = await _post(r.url, completion_body())
+                assert status == 502
+            assert [ep.breaker.state for ep in r.proxy.endpoints] == ["open"]
+
+    run(main())

@@ -32,7 +32,53 @@ from agentic_router.server._parse import RESPONSES
 from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
 
 
+class HeldBlame:
+    """An engine's 500 (any 5xx but 502/503/504)'s breaker failure, held until another
+    engine has tried the same request. If that one answers so too, the request is
+    what fails (an input that crashes engines), not the engines: neither failure is
+    counted against a breaker (each is counted as kind `request_5xx`) and the
+    request is not tried further, so a client cannot open every circuit by sending
+    it. Any other outcome, or no other engine to try, records the held failure as
+    it was."""
+
+    __slots__ = ("acct", "held")
+
+    def __init__(self, acct: Accounting) -> None:
+        self.acct = acct
+        self.held: tuple[Endpoint, str, str] | None = None
+
+    def failed(self, failure: EngineFailure) -> bool:
+        """An attempt failed: is the request itself to blame (stop trying it)?"""
+        blame = failure.blame
+        if blame is None:
+            self.flush()
+            return False
+        held, self.held = self.held, blame
+        if held is None:
+            return False
+        self.held = None
+        for ep, _, _ in (held, blame):
+            self.acct.telemetry.engine_failures.inc(ep.spec.engine_id, "request_5xx")
+        return True
+
+    def flush(self) -> None:
+        """The request is settled otherwise: the held failure counts."""
+        if self.held is not None:
+            self.acct.record_failure(*self.held)
+            self.held = None
+
+
 async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
+    blame = HeldBlame(client.acct)
+    try:
+        return await _serve_aggregated(client, ctx, blame)
+    finally:
+        blame.flush()
+
+
+async def _serve_aggregated(
+    client: EngineClient, ctx: RequestContext, blame: HeldBlame
+) -> web.StreamResponse:
     acct = client.acct
     core = acct.core
     config = client.config
@@ -76,7 +122,7 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
             if not isinstance(got, EngineFailure):
                 return got
             last = got
-            if not last.retriable:
+            if blame.failed(last) or not last.retriable:
                 break
             tried.add(worker)
         finally:
@@ -85,6 +131,16 @@ async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.Str
 
 
 async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
+    blame = HeldBlame(client.acct)
+    try:
+        return await _serve_balanced(client, ctx, blame)
+    finally:
+        blame.flush()
+
+
+async def _serve_balanced(
+    client: EngineClient, ctx: RequestContext, blame: HeldBlame
+) -> web.StreamResponse:
     acct = client.acct
     tried: set[int] = set()
     last: EngineFailure | None = None
@@ -110,7 +166,7 @@ async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.Strea
         if not isinstance(got, EngineFailure):
             return got
         last = got
-        if not last.retriable:
+        if blame.failed(last) or not last.retriable:
             break
         tried.add(ep.slot)
     return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
@@ -123,7 +179,7 @@ async def attempt_on(
     refused admission) for the caller to retry elsewhere or report."""
     try:
         with client.acct.attempt(ep):
-            return await client.forward(ctx, ep, rid, ctx.raw)
+            return await client.forward(ctx, ep, rid, ctx.raw, hold_5xx=True)
     except EngineFailure as exc:
         client.acct.admission(ctx, ep.slot, False, admission_reason(exc.status))
         return exc

@@ -127,6 +127,8 @@ class EngineFailure(Exception):
         self.answer = answer
         self.content_type = content_type
         self.slot: int | None = None  # the engine that failed, when not the obvious one
+        # a breaker failure not recorded yet (forward's hold_5xx): (engine, kind, message)
+        self.blame: tuple[Endpoint, str, str] | None = None
 
     def response(self, headers: dict[str, str]) -> web.Response:
         """What the client gets when this was the last attempt: the engine's own
@@ -233,16 +235,21 @@ class EngineClient:
         rid: str,
         body: bytes,
         headers: dict[str, str] | None = None,
+        *,
+        hold_5xx: bool = False,
     ) -> web.StreamResponse:
         """Send one request to one engine and relay its answer. Raises EngineFailure
         for any answer but a 200 (a refusal included), and only while nothing has
-        been sent to the client (so a retry is safe)."""
+        been sent to the client (so a retry is safe). With `hold_5xx`, the breaker
+        failure of a 5xx answer other than 502/503/504 (which say the engine is
+        unavailable) is not recorded but left on the EngineFailure (`blame`) for the
+        caller, which knows whether other engines answered the request alike."""
         if headers is None:
             headers = self.headers(ctx)
         upstream = await self.open(ep, ctx.path, body, headers)
         try:
             if upstream.status != 200:
-                return await self._relay_error(ctx, ep, upstream)
+                return await self._relay_error(ctx, ep, upstream, hold_5xx)
             if ctx.parsed.stream:
                 return await self._relay_stream(ctx, ep, upstream, rid)
             return await self._relay_full(ctx, ep, upstream, rid)
@@ -283,7 +290,7 @@ class EngineClient:
             raise EngineFailure(502, f"engine {ep.spec.engine_id} closed the connection") from None
 
     async def _relay_error(
-        self, ctx: RequestContext, ep: Endpoint, upstream: Answer
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, hold_5xx: bool = False
     ) -> web.StreamResponse:
         acct = self.acct
         try:
@@ -299,12 +306,18 @@ class EngineClient:
         if status >= 500:
             # The engine produced nothing the client saw, and a generation has no
             # side effect outside the engine: another engine may try (any 5xx).
-            acct.record_failure(ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
-            raise EngineFailure(
+            blame = (ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
+            # 502/503/504 say the engine is unavailable; a 500 may be this request's doing
+            hold = hold_5xx and status not in RETRIABLE_STATUS
+            if not hold:
+                acct.record_failure(*blame)
+            failure = EngineFailure(
                 status if status in RETRIABLE_STATUS else 502,
                 f"engine {ep.spec.engine_id} answered {status}: "
                 f"{data[:500].decode('utf-8', 'replace')}",
             )
+            failure.blame = blame if hold else None
+            raise failure
         acct.record_success(ep)  # a 4xx is the engine alive and judging the request
         raise EngineFailure(
             status,
