@@ -430,3 +430,27 @@ def test_a_malformed_header_is_refused_without_logging_its_value(
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "client error: 4" in logged
     assert "VERYSECRETKEY" not in logged
+
+
+@pytest.mark.parametrize("expect", [b"100-continue", b"417-nope", b"100-Continue, foo"])
+def test_an_expect_header_is_answered_or_ignored_never_a_plain_text_417(expect: bytes) -> None:
+    async def main() -> bytes:
+        async with FakeEngine("vllm") as eng, running_router(config(engines=[eng.url])) as r:
+            port = int(r.url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            body = json.dumps(completion_body()).encode()
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Expect: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                % (expect, len(body))
+            )
+            if expect == b"100-continue":  # the client waits for the go-ahead
+                assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(body)
+            answer = await reader.read()
+            writer.close()
+            return answer
+
+    answer = run(main())
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b'"choices"' in answer

@@ -49,7 +49,7 @@ from agentic_router.server._body import BodyBudget, BodyReader
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
-from agentic_router.server._http import RouterProtocol, RouterRunner, one_line
+from agentic_router.server._http import RouterProtocol, RouterRunner, expect_continue, one_line
 from agentic_router.server._logging import CONTEXT, access_log
 from agentic_router.server._models import ModelCatalog
 from agentic_router.server._parse import (
@@ -464,11 +464,11 @@ def create_app(config: ServerConfig, plugin_manager: Any = None) -> web.Applicat
     install_log_filter()
     app.cleanup_ctx.append(proxy.lifecycle)
     for path in ENDPOINTS:
-        app.router.add_post(path, proxy.proxied)
+        app.router.add_post(path, proxy.proxied, expect_handler=expect_continue)
     admin = proxy.admin
-    app.router.add_get("/v1/models", admin.models)
-    app.router.add_get("/health", admin.health)
-    app.router.add_get("/metrics", admin.metrics)
-    app.router.add_get("/state", admin.state)
+    app.router.add_get("/v1/models", admin.models, expect_handler=expect_continue)
+    app.router.add_get("/health", admin.health, expect_handler=expect_continue)
+    app.router.add_get("/metrics", admin.metrics, expect_handler=expect_continue)
+    app.router.add_get("/state", admin.state, expect_handler=expect_continue)
     proxy.workers.routes(app)
     return app

@@ -55,6 +55,17 @@ def without_request_bytes(message: str) -> str:
     return _QUOTED_BYTES.sub("<request bytes omitted>", message)
 
 
+async def expect_continue(request: web.Request) -> None:
+    """`Expect: 100-continue` (HTTP/1.1) is answered so the client sends its body; any
+    other expectation is ignored, as a server may (RFC 9110, 10.1.1), and the request
+    is served as usual. (aiohttp's own handler answered an unknown one with a
+    text/plain 417, before any middleware: no JSON, no request id.)"""
+    expect = request.headers.get("Expect", "")
+    if request.version >= (1, 1) and expect.strip().lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # an interim answer: the real one is still to come
+
+
 def _ignore(status: int) -> None:
     pass
 

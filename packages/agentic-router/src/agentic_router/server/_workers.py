@@ -55,6 +55,7 @@ from agentic_router.server._engines import (
 )
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
+from agentic_router.server._http import expect_continue
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._upstream import json_error
 
@@ -287,10 +288,14 @@ class WorkerSet:
         return web.json_response(body, status=202)
 
     def routes(self, app: web.Application) -> None:
-        app.router.add_get("/admin/workers", self.list_all)
-        app.router.add_post("/admin/workers", self.create)
-        app.router.add_post("/admin/workers/{id}/drain", self.drain_one)
-        app.router.add_post("/admin/workers/{id}/resume", self.resume_one)
+        routes = [
+            ("GET", "/admin/workers", self.list_all),
+            ("POST", "/admin/workers", self.create),
+            ("POST", "/admin/workers/{id}/drain", self.drain_one),
+            ("POST", "/admin/workers/{id}/resume", self.resume_one),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler, expect_handler=expect_continue)
         app.router.add_delete("/admin/workers/{id}", self.delete)
 
     # ---- the engines file ----
