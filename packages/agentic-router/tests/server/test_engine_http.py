@@ -91,6 +91,13 @@ class ScriptedEngine:
             w.close()
 
 
+def pool_and_target(url: str) -> tuple[EnginePool, Target]:
+    """The engine client alone (no router), and where it sends /v1/completions at `url`."""
+    target = Target.of(url + "/v1/completions")
+    assert target is not None
+    return EnginePool(connect_timeout_s=2.0), target
+
+
 async def post(url: str, body: dict[str, Any], **headers: str) -> tuple[int, bytes]:
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s,
@@ -255,9 +262,7 @@ def test_a_stream_read_slower_than_it_arrives_pauses_the_connection() -> None:
 
     async def main() -> None:
         async with ScriptedEngine(flood) as e:
-            pool = EnginePool(connect_timeout_s=2.0)
-            target = Target.of(e.url + "/v1/completions")
-            assert target is not None
+            pool, target = pool_and_target(e.url)
             answer = await pool.request(target, {"Content-Type": "application/json"}, b"{}")
             await asyncio.sleep(0.3)  # the engine writes on; the router reads nothing
             assert answer._conn.paused
@@ -280,9 +285,7 @@ def test_bytes_an_idle_connection_receives_close_it() -> None:
 
     async def main() -> None:
         async with ScriptedEngine(chatty) as e:
-            pool = EnginePool(connect_timeout_s=2.0)
-            target = Target.of(e.url + "/v1/completions")
-            assert target is not None
+            pool, target = pool_and_target(e.url)
             for _ in range(2):
                 answer = await pool.request(target, {}, b"{}")
                 assert await answer.content.readany() == ANSWER
@@ -299,9 +302,7 @@ def test_a_refused_connection_is_an_engine_connect_error() -> None:
         from agentic_router.server._engine_http import EngineConnectError
         from agentic_router.server.testing import refused_url
 
-        pool = EnginePool(connect_timeout_s=2.0)
-        target = Target.of(refused_url() + "/v1/completions")
-        assert target is not None
+        pool, target = pool_and_target(refused_url())
         with pytest.raises(EngineConnectError):
             await pool.request(target, {}, b"{}")
         await pool.close()
@@ -316,9 +317,7 @@ def test_a_malformed_answer_head_is_an_engine_disconnect() -> None:
 
     async def main() -> None:
         async with ScriptedEngine(garbage) as e:
-            pool = EnginePool(connect_timeout_s=2.0)
-            target = Target.of(e.url + "/v1/completions")
-            assert target is not None
+            pool, target = pool_and_target(e.url)
             with pytest.raises(EngineDisconnected):
                 await pool.request(target, {}, b"{}")
             assert pool.open_connections() == 0

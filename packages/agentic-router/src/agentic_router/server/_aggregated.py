@@ -18,6 +18,8 @@ requests of every kind this router has in flight there, the larger).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from agentic_router.server._accounting import (
@@ -68,15 +70,27 @@ class HeldBlame:
             self.held = None
 
 
-async def serve_aggregated(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
-    blame = HeldBlame(client.acct)
-    try:
-        return await _serve_aggregated(client, ctx, blame)
-    finally:
-        blame.flush()
+Serve = Callable[[EngineClient, RequestContext], Awaitable[web.StreamResponse]]
 
 
-async def _serve_aggregated(
+def holding_blame(
+    serve: Callable[[EngineClient, RequestContext, HeldBlame], Awaitable[web.StreamResponse]],
+) -> Serve:
+    """`serve` with a HeldBlame for the request, whose held failure counts however
+    the request ends."""
+
+    async def served(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
+        blame = HeldBlame(client.acct)
+        try:
+            return await serve(client, ctx, blame)
+        finally:
+            blame.flush()
+
+    return served
+
+
+@holding_blame
+async def serve_aggregated(
     client: EngineClient, ctx: RequestContext, blame: HeldBlame
 ) -> web.StreamResponse:
     acct = client.acct
@@ -130,15 +144,8 @@ async def _serve_aggregated(
     return unserved(ctx, acct, last, refused, "no usable engine: every engine's circuit is open")
 
 
-async def serve_balanced(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
-    blame = HeldBlame(client.acct)
-    try:
-        return await _serve_balanced(client, ctx, blame)
-    finally:
-        blame.flush()
-
-
-async def _serve_balanced(
+@holding_blame
+async def serve_balanced(
     client: EngineClient, ctx: RequestContext, blame: HeldBlame
 ) -> web.StreamResponse:
     acct = client.acct
