@@ -371,7 +371,7 @@ class MetricsReconciler:
                 if url is None:
                     continue
                 try:
-                    async with session.get(url) as resp:
+                    async with session.get(url, allow_redirects=False) as resp:
                         if resp.status != 200:
                             self.stats.failures[f"http_{resp.status}"] += 1
                             continue

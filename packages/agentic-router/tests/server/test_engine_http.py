@@ -17,7 +17,7 @@ import pytest
 from agentic_router.server._engine_http import EngineDisconnected, EnginePool, Target
 from agentic_router.server.testing import running_router
 
-from .conftest import completion_body, config, run
+from .conftest import completion_body, config, eventually, run
 
 pytestmark = pytest.mark.e2e
 
@@ -399,5 +399,36 @@ def test_a_stream_that_ends_properly_keeps_its_connection() -> None:
             for _ in range(3):
                 assert await _stream(r.url) == (200, b"".join(STREAM))
             assert e.connections == 1
+
+    run(main())
+
+
+def test_the_routers_own_gets_do_not_follow_an_engines_redirect() -> None:
+    """An engine whose /health and /v1/models redirect elsewhere: the health check
+    judges that engine's answer (a 307 is no pass), not the other host's."""
+
+    async def main() -> None:
+        async with ScriptedEngine(answer_ok) as other:
+
+            async def redirect(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+                path = head.split(b" ")[1]
+                w.write(
+                    b"HTTP/1.1 307 X\r\nLocation: %s%s\r\nContent-Length: 0\r\n\r\n"
+                    % (other.url.encode(), path)
+                )
+                return True
+
+            async with ScriptedEngine(redirect) as e:
+                cfg = config(
+                    engines=[e.url],
+                    health_check_interval_s=0.02,
+                    failure_threshold=2,
+                    circuit_open_s=3600,
+                )
+                async with running_router(cfg) as r:
+                    ep = r.proxy.endpoints[0]
+                    await eventually(lambda: ep.breaker.state == "open", "health checks opened it")
+                    assert "307" in str(ep.breaker.last_error)
+            assert other.heads == []  # no GET reached the other host
 
     run(main())

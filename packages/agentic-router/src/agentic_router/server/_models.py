@@ -45,7 +45,9 @@ class ModelCatalog:
         assert session is not None
         timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
         try:
-            async with session.get(ep.spec.url + "/v1/models", timeout=timeout) as r:
+            async with session.get(
+                ep.spec.url + "/v1/models", timeout=timeout, allow_redirects=False
+            ) as r:
                 if r.status != 200:
                     return None, None
                 # The timeout covers the body: an answer that never ends is cut at

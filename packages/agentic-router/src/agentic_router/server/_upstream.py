@@ -517,7 +517,9 @@ class HealthChecker:
         timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
         try:
             # the timeout covers the body; its size is capped like any engine answer
-            async with session.get(ep.spec.url + "/health", timeout=timeout) as resp:
+            async with session.get(
+                ep.spec.url + "/health", timeout=timeout, allow_redirects=False
+            ) as resp:
                 await read_capped(resp, self.config.max_response_bytes)
                 ok = resp.status == 200
                 problem = f"GET /health answered {resp.status}"
