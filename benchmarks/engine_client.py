@@ -43,31 +43,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="agentic-engine-client-", dir="/dev/shm"))
     procs: list[subprocess.Popen[Any]] = []
     try:
-        engines = subprocess.Popen(
-            [sys.executable, peers.__file__, "--serve-engines", str(args.engines)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(engines)
-        assert engines.stdout is not None
-        urls: list[str] = json.loads(engines.stdout.readline())["urls"]
-        state_uri = f"file://{work}/state"
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, peers.__file__, "--publish", state_uri, str(len(urls))]
-            )
-        )
+        urls, state_uri = peers.start_engines_and_feed(args.engines, work, procs)
         targets: dict[str, tuple[str, int]] = {}
         for client in CLIENTS:
             port = free_port()
-            cmd = [
-                sys.executable, "-c", peers._RUN_CLI, "serve", "--host", "127.0.0.1",
-                "--port", str(port), "--policy", "unified", "--engine-state-uri", state_uri,
-                "--log-dir", str(work / f"logs-{client}"), "--log-level", "warning",
-                "--engine-client", client,
-            ]  # fmt: skip
-            for u in urls:
-                cmd += ["--engine", u]
+            log_dir = work / f"logs-{client}"
+            cmd = peers.agentic_serve_cmd(
+                port, state_uri, log_dir, urls, "unified", "--engine-client", client
+            )
             proc = subprocess.Popen(cmd)
             procs.append(proc)
             url = f"http://127.0.0.1:{port}"

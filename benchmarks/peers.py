@@ -360,6 +360,38 @@ def _floor_ratios(row: dict[str, Any], sglang_cpu_us: float) -> dict[str, float]
     }
 
 
+def start_engines_and_feed(
+    count: int, work: Path, procs: list[subprocess.Popen[Any]]
+) -> tuple[list[str], str]:
+    """`count` fake engines and the publisher of their snapshots (added to `procs`):
+    the engines' URLs and the feed's state URI (under `work`)."""
+    engines = subprocess.Popen(
+        [sys.executable, __file__, "--serve-engines", str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(engines)
+    assert engines.stdout is not None
+    urls: list[str] = json.loads(engines.stdout.readline())["urls"]
+    state_uri = f"file://{work}/state"
+    procs.append(subprocess.Popen([sys.executable, __file__, "--publish", state_uri, str(count)]))
+    return urls, state_uri
+
+
+def agentic_serve_cmd(
+    port: int, state_uri: str, log_dir: Path, urls: list[str], policy: str, *extra: str
+) -> list[str]:
+    """`agentic-router serve` as a user runs it in production: the feed and the logs on."""
+    cmd = [
+        sys.executable, "-c", _RUN_CLI, "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--policy", policy, "--engine-state-uri", state_uri, "--log-dir", str(log_dir),
+        "--log-level", "warning", *extra,
+    ]  # fmt: skip
+    for u in urls:
+        cmd += ["--engine", u]
+    return cmd
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
@@ -398,27 +430,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="agentic-peers-", dir="/dev/shm"))
     procs: list[subprocess.Popen[Any]] = []
     try:
-        engines = subprocess.Popen(
-            [sys.executable, __file__, "--serve-engines", str(args.engines)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(engines)
-        assert engines.stdout is not None
-        urls: list[str] = json.loads(engines.stdout.readline())["urls"]
-        state_uri = f"file://{work}/state"
-        procs.append(
-            subprocess.Popen([sys.executable, __file__, "--publish", state_uri, str(len(urls))])
-        )
+        urls, state_uri = start_engines_and_feed(args.engines, work, procs)
         a_port, s_port = free_port(), free_port()
-        agentic_cmd = [
-            sys.executable, "-c", _RUN_CLI, "serve", "--host", "127.0.0.1",
-            "--port", str(a_port), "--policy", args.policy, "--engine-state-uri", state_uri,
-            "--log-dir", str(work / "logs"), "--log-level", "warning",
-            "--event-loop", args.event_loop,
-        ]  # fmt: skip
-        for u in urls:
-            agentic_cmd += ["--engine", u]
+        agentic_cmd = agentic_serve_cmd(
+            a_port, state_uri, work / "logs", urls, args.policy, "--event-loop", args.event_loop
+        )
         sglang_cmd = [
             str(sgl_python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
             "--port", str(s_port), "--policy", "cache_aware", "--log-level", "error",

@@ -101,12 +101,6 @@ class Headers:
     def __init__(self, by_name: dict[str, str]) -> None:
         self._by_name = by_name  # by lower-case name
 
-    def __getitem__(self, name: str) -> str:
-        return self._by_name[name.lower()]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._by_name
-
     @overload
     def get(self, name: str) -> str | None: ...
 
@@ -174,9 +168,6 @@ class EngineAnswer:
     async def iter_any(self) -> AsyncIterator[bytes]:
         while chunk := await self.readany():
             yield chunk
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_any()])
 
     def release(self) -> None:
         """Done with the answer: its connection back to the pool when the answer was
