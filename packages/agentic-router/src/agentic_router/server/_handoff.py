@@ -35,6 +35,7 @@ from agentic_router.server._upstream import (
     EngineClient,
     EngineFailure,
     is_json_object,
+    not_an_answer,
 )
 from agentic_router.types import RoutingRequest
 
@@ -165,14 +166,8 @@ async def _read_prefill(
     finally:
         upstream.release()
     status = upstream.status
-    if status < 400 and status != 200:  # a redirect, or a success with no answer
-        acct.record_failure(ep, "garbage", f"answered {status}, not 200")
-        raise SideFailure(
-            ep.slot,
-            EngineFailure(
-                502, f"prefill engine {ep.spec.engine_id} answered {status} instead of 200"
-            ),
-        )
+    if status < 400 and status != 200:
+        raise SideFailure(ep.slot, not_an_answer(acct, ep, status, "prefill engine"))
     if status != 200:
         text = data[:500].decode("utf-8", "replace")
         retriable = status >= 500 or status == 429  # another pair may take it

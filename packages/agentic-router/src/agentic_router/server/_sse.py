@@ -4,18 +4,26 @@
   the reason it is garbage), and whether it ended;
 - `sse_events(kind)`: the checker for a request of that kind (a Responses
   stream ends with its own events, not `[DONE]`);
-- `response_id_of`: the id a Responses answer or stream event carries.
+- `response_id_of`, `response_id_in`: the id a Responses answer or stream event
+  carries (raw, or already parsed).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Final
+from typing import Any, Final
 
 from agentic_router.server._parse import RESPONSES
 
-__all__ = ["RESPONSE_CREATED", "RESPONSE_ENDS", "SseEvents", "response_id_of", "sse_events"]
+__all__ = [
+    "RESPONSE_CREATED",
+    "RESPONSE_ENDS",
+    "SseEvents",
+    "response_id_in",
+    "response_id_of",
+    "sse_events",
+]
 
 
 class SseEvents:
@@ -190,6 +198,11 @@ def response_id_of(answer: bytes | None, *, event: bool = False) -> str | None:
         node = json.loads(answer)
     except (ValueError, RecursionError):
         return None
+    return response_id_in(node, event=event)
+
+
+def response_id_in(node: Any, *, event: bool = False) -> str | None:
+    """`response_id_of` for an answer or event already parsed."""
     if event:
         node = node.get("response") if isinstance(node, dict) else None
     ident = node.get("id") if isinstance(node, dict) else None

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 import orjson
@@ -42,7 +42,7 @@ from agentic_router.server._engine_http import (
     engine_pool_available,
 )
 from agentic_router.server._parse import RESPONSES, error_body
-from agentic_router.server._sse import response_id_of, sse_events
+from agentic_router.server._sse import response_id_in, response_id_of, sse_events
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
@@ -166,18 +166,34 @@ async def stream_error(out: web.StreamResponse, tail: bytes, status: int, messag
         await out.write_eof()
 
 
-def is_json_object(data: bytes) -> bool:
-    """Is `data` one JSON object, as `json.loads` sees it? orjson answers the usual
-    case (~4x faster); what it refuses, `json` judges. (Deep nesting counts as no: the
-    decoder's RecursionError is an engine's garbage, never the router's crash.)"""
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """`data` as one JSON object, as `json.loads` sees it, or None when it is not one.
+    orjson answers the usual case (~4x faster); what it refuses, `json` judges. (Deep
+    nesting counts as no: the decoder's RecursionError is an engine's garbage, never
+    the router's crash.)"""
     try:
-        return type(orjson.loads(data)) is dict
+        node = orjson.loads(data)
     except orjson.JSONDecodeError:
-        pass
-    try:
-        return isinstance(json.loads(data), dict)
-    except (ValueError, RecursionError):
-        return False
+        try:
+            node = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+    return node if type(node) is dict else None
+
+
+def not_an_answer(
+    acct: Accounting, ep: Endpoint, status: int, what: str = "engine"
+) -> EngineFailure:
+    """An engine's status below 400 other than 200 (a redirect, never followed, or a
+    success with no answer, such as a 204): nothing to relay. The engine's failure
+    (kind `garbage`), and a retriable 502 for the client."""
+    acct.record_failure(ep, "garbage", f"answered {status}, not 200")
+    return EngineFailure(502, f"{what} {ep.spec.engine_id} answered {status} instead of 200")
+
+
+def is_json_object(data: bytes) -> bool:
+    """Is `data` one JSON object? (`json_object`)"""
+    return json_object(data) is not None
 
 
 class EngineClient:
@@ -300,9 +316,7 @@ class EngineClient:
             data = b""
         status = upstream.status
         if status < 400:
-            # a redirect, or a success with no answer (204): not an answer to relay
-            acct.record_failure(ep, "garbage", f"answered {status}, not 200")
-            raise EngineFailure(502, f"engine {ep.spec.engine_id} answered {status} instead of 200")
+            raise not_an_answer(acct, ep, status)
         if status >= 500:
             # The engine produced nothing the client saw, and a generation has no
             # side effect outside the engine: another engine may try (any 5xx).
@@ -348,12 +362,13 @@ class EngineClient:
         except (aiohttp.ClientError, OSError) as exc:
             acct.record_failure(ep, "cut", repr(exc))
             raise EngineFailure(502, f"engine {ep.spec.engine_id} cut the response short") from None
-        if not is_json_object(data):
+        answer = json_object(data)
+        if answer is None:
             acct.record_failure(ep, "garbage", "a 200 answer that is not a JSON object")
             raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an answer that is not JSON")
         ctx.first_token = time.monotonic()
         if ctx.parsed.kind == RESPONSES:
-            ctx.response_id = response_id_of(data)
+            ctx.response_id = response_id_in(answer)  # the answer parsed once
         acct.core.mark_prefill_completed(rid)
         acct.record_success(ep)
         acct.count(ctx, "ok")
