@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import repeat
+from operator import mul, sub
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentic_router.instance import InstanceState
@@ -187,33 +189,30 @@ class ScoringContext:
 
     @cached_property
     def cached_tokens(self) -> list[int]:
+        # min(prompt, blocks x block size) per candidate, in C (map) at 256 workers
         bs = self.request.block_size
         p = self.request.prompt_tokens
-        return [min(p, b * bs) for b in self.cached_blocks]
+        return list(map(min, repeat(p), map(mul, self.cached_blocks, repeat(bs))))
 
     @cached_property
     def uncached_tokens(self) -> list[int]:
-        p = self.request.prompt_tokens
-        return [p - c for c in self.cached_tokens]
+        return list(map(sub, repeat(self.request.prompt_tokens), self.cached_tokens))
 
     @cached_property
     def arrival_rates(self) -> list[float]:
         """Requests per second the router has been placing on each candidate."""
-        rate, now = self.registry.arrival_rate, self.now
-        return [rate(c, now) for c in self.candidates]
+        return self.registry.arrival_rates(self.candidates, self.now)
 
     @cached_property
     def working_sets(self) -> list[int]:
         """Prompt tokens of the recently active sessions homed on each candidate."""
-        ws, now = self.registry.working_set, self.now
-        return [ws(c, now) for c in self.candidates]
+        return self.registry.working_sets(self.candidates, self.now)
 
     @cached_property
     def cache_capacities(self) -> list[int]:
         """Each candidate's prefix-cache capacity in tokens (the registry's model of it:
         whole blocks)."""
-        cap = self.registry.block_capacity_tokens
-        return [cap(c) for c in self.candidates]
+        return self.registry.block_capacities_tokens(self.candidates)
 
     @cached_property
     def eff_num_requests(self) -> list[int]:

@@ -228,6 +228,17 @@ class PromptRegistry:
         value, last = self._arrivals[worker]
         return value * math.exp(min(0.0, last - now) / self.rate_window_s) / self.rate_window_s
 
+    def arrival_rates(self, workers: Sequence[int], now: float) -> list[float]:
+        """`arrival_rate` of each of `workers` (one pass, for a decision's candidates)."""
+        arrivals = self._arrivals
+        win = self.rate_window_s
+        exp = math.exp
+        out = []
+        for w in workers:
+            value, last = arrivals[w]
+            out.append(value * exp(min(0.0, last - now) / win) / win)
+        return out
+
     def load(self, worker: int) -> WorkerLoad:
         return self._loads[worker]
 
@@ -403,6 +414,17 @@ class PromptRegistry:
         `working_set_window_s`: the prefix cache those sessions will come back for."""
         self._expire_active(now)
         return self._working_set[worker]
+
+    def working_sets(self, workers: Sequence[int], now: float) -> list[int]:
+        """`working_set` of each of `workers` (one expiry pass)."""
+        self._expire_active(now)
+        ws = self._working_set
+        return [ws[w] for w in workers]
+
+    def block_capacities_tokens(self, workers: Sequence[int]) -> list[int]:
+        """`block_capacity_tokens` of each of `workers`."""
+        caps, bts = self.capacity_tokens, self._block_tokens
+        return [max(1, caps[w] // bts[w]) * bts[w] for w in workers]
 
     def session_home(self, session_id: str | None, now: float) -> int | None:
         if session_id is None:
