@@ -722,6 +722,65 @@ def test_a_request_every_engine_answers_500_cannot_open_the_circuits(path: str) 
     run(main())
 
 
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_pd_a_request_every_engine_of_a_side_answers_500_cannot_open_the_circuits(
+    side: str,
+) -> None:
+    """The same in P/D mode: the audit's poison request opened every prefill (or
+    decode) circuit, both sides' 500s were recorded at once. Now the request is
+    what fails, and the pools keep serving."""
+
+    async def main() -> None:
+        ps = [FakeEngine("vllm", role="prefill") for _ in range(2)]
+        ds = [FakeEngine("vllm", role="decode") for _ in range(2)]
+        crashing = ps if side == "prefill" else ds
+        for eng in crashing:
+            eng.faults.fail_status = 500
+        cfg = config(
+            prefill=[e.url for e in ps],
+            decode=[e.url for e in ds],
+            pd_protocol="vllm",
+            failure_threshold=2,
+            max_retries=1,
+        )
+        async with ps[0], ps[1], ds[0], ds[1], running_router(cfg) as r:
+            for _ in range(4):
+                status, _, data = await _post(r.url, completion_body())
+                _router_error(status, data, 502)
+            assert [ep.breaker.state for ep in r.proxy.endpoints] == ["closed"] * 4
+            assert await _breaker_failures(r) == [0, 0, 0, 0]
+            metrics = await _metrics(r.url)
+            assert 'kind="request_5xx"' in metrics
+            for eng in crashing:
+                eng.faults.fail_status = None
+            status, _, _ = await _post(r.url, completion_body())
+            assert status == 200
+
+    run(main())
+
+
+def test_pd_a_prefill_engine_answering_500_to_what_another_serves_opens_its_circuit() -> None:
+    async def main() -> None:
+        bad, good = FakeEngine("vllm", role="prefill"), FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        bad.faults.fail_status = 500
+        cfg = config(
+            prefill=[bad.url, good.url],
+            decode=[d.url],
+            pd_protocol="vllm",
+            failure_threshold=2,
+            max_retries=1,
+        )
+        async with bad, good, d, running_router(cfg) as r:
+            for _ in range(4):
+                status, _, _ = await _post(r.url, completion_body())
+                assert status == 200
+            assert r.proxy.endpoints[0].breaker.state == "open"
+            assert [ep.breaker.state for ep in r.proxy.endpoints[1:]] == ["closed", "closed"]
+
+    run(main())
+
+
 def test_an_engine_that_answers_500_to_what_another_serves_still_opens_its_circuit() -> None:
     async def main() -> None:
         bad, good = FakeEngine("vllm"), FakeEngine("vllm")

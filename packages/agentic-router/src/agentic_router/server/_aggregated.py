@@ -58,6 +58,11 @@ class HeldBlame:
         held, self.held = self.held, blame
         if held is None:
             return False
+        if held[0] is blame[0]:
+            # the same engine twice (a P/D fallback may meet it again): nothing
+            # compared, so its first failure counts and the second is held
+            self.acct.record_failure(*held)
+            return False
         self.held = None
         for ep, _, _ in (held, blame):
             self.acct.telemetry.engine_failures.inc(ep.spec.engine_id, "request_5xx")
@@ -120,7 +125,7 @@ async def serve_aggregated(
                     return await handoff(client, ctx, routing_request, worker, decode)
                 except SideFailure as exc:
                     last = exc.failure
-                    if not last.retriable:
+                    if blame.failed(last) or not last.retriable:
                         break
                     tried.add(exc.slot)
                     continue

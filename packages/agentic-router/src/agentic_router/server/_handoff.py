@@ -31,6 +31,7 @@ from agentic_router._capped import TooLarge, read_capped
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
 from agentic_router.server._upstream import (
+    RETRIABLE_STATUS,
     Deadline,
     EngineClient,
     EngineFailure,
@@ -135,7 +136,10 @@ async def _read_prefill(
     json_object: bool = False,
 ) -> bytes:
     """POST to the prefill engine and read its whole (one-token) answer; with
-    `json_object`, an answer that is not one JSON object is the engine's failure."""
+    `json_object`, an answer that is not one JSON object is the engine's failure.
+    A 5xx but 502/503/504 leaves its breaker failure on the SideFailure's
+    EngineFailure (`blame`), as `forward(hold_5xx=True)` does, for the caller's
+    HeldBlame to judge: the request may be what crashes engines."""
     acct = client.acct
     raw = json.dumps(body, separators=(",", ":")).encode()
     try:
@@ -171,18 +175,20 @@ async def _read_prefill(
     if status != 200:
         text = data[:500].decode("utf-8", "replace")
         retriable = status >= 500 or status == 429  # another pair may take it
-        if status >= 500:
-            acct.record_failure(ep, f"http_{status}", text)
-        raise SideFailure(
-            ep.slot,
-            EngineFailure(
-                status if status < 500 else 502,
-                f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
-                retriable=retriable,
-                answer=None if status >= 500 else data,
-                content_type=upstream.headers.get("Content-Type", "application/json"),
-            ),
+        failure = EngineFailure(
+            status if status < 500 else 502,
+            f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
+            retriable=retriable,
+            answer=None if status >= 500 else data,
+            content_type=upstream.headers.get("Content-Type", "application/json"),
         )
+        if status >= 500:
+            blame = (ep, f"http_{status}", text[:200])
+            if status in RETRIABLE_STATUS:  # the engine says it is unavailable
+                acct.record_failure(*blame)
+            else:  # a 500 may be this request's doing
+                failure.blame = blame
+        raise SideFailure(ep.slot, failure)
     if json_object and not is_json_object(data):
         acct.record_failure(ep, "garbage", "a 200 prefill answer that is not a JSON object")
         raise SideFailure(
@@ -205,7 +211,7 @@ async def _decode(
 ) -> web.StreamResponse:
     raw = json.dumps(body, separators=(",", ":")).encode()
     try:
-        return await client.forward(ctx, d, rid, raw, headers)
+        return await client.forward(ctx, d, rid, raw, headers, hold_5xx=True)
     except EngineFailure as exc:
         raise SideFailure(d.slot, exc) from None
 

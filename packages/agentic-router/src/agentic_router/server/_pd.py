@@ -12,18 +12,23 @@ from aiohttp import web
 
 from agentic_router.migration.admission import DIRECT
 from agentic_router.server._accounting import RequestContext
+from agentic_router.server._aggregated import HeldBlame, holding_blame
 from agentic_router.server._handoff import SideFailure, handoff, refusal_reason, with_id
 from agentic_router.server._routing import DECODE, PREFILL
 from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
 from agentic_router.types import RoutingRequest
 
 
-async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamResponse:
+@holding_blame
+async def serve_pd(
+    client: EngineClient, ctx: RequestContext, blame: HeldBlame
+) -> web.StreamResponse:
     """Prefill/decode mode. The prefill pool's Router picks P, the decode pool's
     Router picks D (`--decode-policy`); a decode policy may send the turn
     straight to D (`Decision.notes["pd_mode"] == "direct"`, kv_aware's
     direct-to-D append), and a refused direct turn is asked again and goes
-    through P (the fallback)."""
+    through P (the fallback). Two engines answering the same request 500 (either
+    side, either way) is the request's failure, not theirs (`HeldBlame`)."""
     acct = client.acct
     core = acct.core
     tried: set[int] = set()
@@ -54,6 +59,8 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
                 # goes through P. A turn D cannot take directly may still be
                 # served with its KV prefilled elsewhere.
                 last = exc.failure
+                if blame.failed(last):
+                    break
                 refused = acct.sync_health()
                 dec_d = core.decide(
                     with_id(req, base + ":d"), exclude=tried | refused | ctx.excluded, role=DECODE
@@ -74,7 +81,7 @@ async def serve_pd(client: EngineClient, ctx: RequestContext) -> web.StreamRespo
             return await handoff(client, ctx, req, dec_p.worker, dec_d.worker)
         except SideFailure as exc:
             last = exc.failure
-            if not last.retriable:
+            if blame.failed(last) or not last.retriable:
                 break
             tried.add(exc.slot)
     if last is None:
