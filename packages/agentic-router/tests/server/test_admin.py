@@ -220,13 +220,24 @@ def test_hostile_bodies_and_unknown_routes_get_openai_shaped_4xx(
     aiohttp's own answers (unknown path, wrong method)."""
 
     async def main() -> None:
-        cfg = config(engines=["http://127.0.0.1:9"], max_body_bytes=4 << 20)
+        eng = FakeEngine("vllm")
+        cfg = config(engines=[eng.url], max_body_bytes=4 << 20)
         deep = b"[" * 100_000 + b"]" * 100_000
+        # deep enough to parse, then to crash what walks it (a 500 or 502 before, at
+        # a depth that moves with the stack: 978 in the audit's run)
+        deep_tools = [
+            b'{"messages": [{"role": "assistant", "content": "x", "tool_calls": '
+            + b"[" * depth
+            + b"]" * depth
+            + b"}]}"
+            for depth in range(940, 1000)
+        ]
         big_ids = b'{"prompt": [' + b",".join([str(2**64 + i).encode() for i in range(64)]) + b"]}"
-        async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+        async with eng, running_router(cfg) as r, aiohttp.ClientSession() as s:
             cases: list[tuple[str, str, bytes, int, str]] = [
                 ("POST", "/v1/completions", deep, 400, "nested too deeply"),
                 ("POST", "/v1/completions", b'{"prompt": ' + deep + b"}", 400, "nested too deeply"),
+                *[("POST", "/v1/chat/completions", b, 400, "too deeply") for b in deep_tools],
                 ("POST", "/v1/completions", big_ids, 400, "token ids"),
                 ("POST", "/v1/completions", b'{"prompt": [[1, -5]]}', 400, "token ids"),
                 ("GET", "/v1/nowhere", b"", 404, "Not Found"),

@@ -19,6 +19,7 @@ from agentic_router.server._config import add_arguments
 from agentic_router.server._parse import (
     CHAT,
     COMPLETIONS,
+    MAX_JSON_DEPTH,
     MAX_TOKEN_ID,
     BadRequest,
     decode_json,
@@ -183,13 +184,31 @@ def test_parse_body_accepts_or_says_why(body: dict[str, Any], kind: str) -> None
     build_routing_request("r", parsed.body)  # prefix identity accepts what the parser did
 
 
-@given(depth=st.integers(min_value=1, max_value=50_000))
-def test_nesting_of_any_depth_is_parsed_or_refused(depth: int) -> None:
-    raw = b'{"prompt": "x", "extra": ' + b"[" * depth + b"]" * depth + b"}"
-    try:
-        parse_body(raw, COMPLETIONS)
-    except BadRequest as exc:
-        assert "nested too deeply" in exc.message
+@given(
+    depth=st.integers(min_value=1, max_value=50_000),
+    shape=st.sampled_from(["[", '{"a":', '[{"b":']),
+    wide=st.booleans(),
+)
+@example(depth=MAX_JSON_DEPTH - 1, shape="[", wide=False)
+@example(depth=MAX_JSON_DEPTH, shape="[", wide=False)
+@example(depth=MAX_JSON_DEPTH - 1, shape="[", wide=True)
+@example(depth=MAX_JSON_DEPTH, shape="[", wide=True)
+@example(depth=980, shape="[", wide=False)  # parsed, then crashed what walked it
+def test_nesting_is_parsed_up_to_the_cap_and_refused_past_it(
+    depth: int, shape: str, wide: bool
+) -> None:
+    """Inside the body's own object, `depth` more levels: parsed up to MAX_JSON_DEPTH
+    in all, a 400 past it, whichever parser (a 2**64 number sends it to `json`)."""
+    opening = shape.encode()
+    closing = {"[": b"]", '{"a":': b"}", '[{"b":': b"}]"}[shape]
+    levels = depth * (2 if shape == '[{"b":' else 1)
+    inner = b"18446744073709551617" if wide else b"1"
+    raw = b'{"prompt": "x", "extra": ' + opening * depth + inner + closing * depth + b"}"
+    if levels + 1 <= MAX_JSON_DEPTH:
+        assert parse_body(raw, COMPLETIONS).body["prompt"] == "x"
+    else:
+        with pytest.raises(BadRequest, match="nested too deeply"):
+            parse_body(raw, COMPLETIONS)
 
 
 @given(st.binary(max_size=64))

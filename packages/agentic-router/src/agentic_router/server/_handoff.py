@@ -35,9 +35,9 @@ from agentic_router.server._upstream import (
     Deadline,
     EngineClient,
     EngineFailure,
-    is_json_object,
     not_an_answer,
 )
+from agentic_router.server._upstream import json_object as parse_json_object
 from agentic_router.types import RoutingRequest
 
 
@@ -134,9 +134,10 @@ async def _read_prefill(
     headers: dict[str, str],
     *,
     json_object: bool = False,
-) -> bytes:
+) -> dict[str, Any] | None:
     """POST to the prefill engine and read its whole (one-token) answer; with
-    `json_object`, an answer that is not one JSON object is the engine's failure.
+    `json_object`, an answer that is not one JSON object is the engine's failure,
+    and the object is returned (parsed once).
     A 5xx but 502/503/504 leaves its breaker failure on the SideFailure's
     EngineFailure (`blame`), as `forward(hold_5xx=True)` does, for the caller's
     HeldBlame to judge: the request may be what crashes engines."""
@@ -189,7 +190,8 @@ async def _read_prefill(
             else:  # a 500 may be this request's doing
                 failure.blame = blame
         raise SideFailure(ep.slot, failure)
-    if json_object and not is_json_object(data):
+    answer = parse_json_object(data) if json_object else None
+    if json_object and answer is None:
         acct.record_failure(ep, "garbage", "a 200 prefill answer that is not a JSON object")
         raise SideFailure(
             ep.slot,
@@ -198,7 +200,7 @@ async def _read_prefill(
             ),
         )
     acct.record_success(ep)
-    return data
+    return answer
 
 
 async def _decode(
@@ -243,8 +245,8 @@ async def _vllm(
         prefill["max_completion_tokens"] = 1
     for key in ("stream_options", "min_tokens", "min_completion_tokens"):
         prefill.pop(key, None)
-    data = await _read_prefill(client, p, ctx.path, prefill, headers, json_object=True)
-    answer = json.loads(data)
+    answer = await _read_prefill(client, p, ctx.path, prefill, headers, json_object=True)
+    assert answer is not None
     core.mark_prefill_completed(rid_p)  # P's part is done (one-pool: load moves to D)
     if free_p:
         core.free(rid_p)

@@ -63,14 +63,31 @@ class ParsedRequest:
 _WIDE: Final = 2**63
 _LIST_ONLY: Final = {list}
 _INT_ONLY: Final = {int}
+#: the deepest nesting of objects and arrays a request body may have. OpenAI's
+#: bodies (a JSON schema in `tools` or `response_format` included) stay far below;
+#: a body nested ~1000 deep parsed, then crashed what walks it later (the prompt's
+#: text, the prefill body of a handoff) with a RecursionError, a 500
+MAX_JSON_DEPTH: Final = 128
 
 
-def _maybe_widened(node: Any) -> bool:
+class _TooDeep(Exception):
+    pass
+
+
+def _too_deep() -> BadRequest:
+    return BadRequest(f"request body is nested too deeply (over {MAX_JSON_DEPTH} levels)")
+
+
+def _maybe_widened(node: Any, depth: int = 1) -> bool:
     """Could orjson's result hold an integer it turned into a float? (Any number of
     magnitude 2**63 or more: rare, and then `json` decides.) C-speed on lists of
     numbers (min/max); elsewhere one type test per value, and a call only for
-    containers and floats (strings, the bulk of a chat body, are skipped)."""
+    containers and floats (strings, the bulk of a chat body, are skipped). Raises
+    _TooDeep for a container deeper than MAX_JSON_DEPTH on the way (every
+    container is visited unless a widened number ends the walk first)."""
     kind = type(node)
+    if depth > MAX_JSON_DEPTH and kind is not float:
+        raise _TooDeep
     values: Iterable[Any]
     if kind is dict:
         values = node.values()
@@ -86,7 +103,7 @@ def _maybe_widened(node: Any) -> bool:
         elif first is list and set(map(type, node)) == _LIST_ONLY:
             # a list of lists (a batch of token-id prompts): its values in one list,
             # checked in one pass instead of a call per inner list
-            return _maybe_widened(list(chain.from_iterable(node)))
+            return _maybe_widened(list(chain.from_iterable(node)), depth + 1)
         values = node
     elif kind is float:
         return not -_WIDE < node < _WIDE
@@ -94,8 +111,23 @@ def _maybe_widened(node: Any) -> bool:
         return False
     for value in values:
         inner = type(value)
-        if (inner is dict or inner is list or inner is float) and _maybe_widened(value):
+        if (inner is dict or inner is list or inner is float) and _maybe_widened(value, depth + 1):
             return True
+    return False
+
+
+def _depth_within(node: Any, limit: int) -> bool:
+    """Is every object and array in `node` at most `limit` levels deep? Walks the
+    containers only, without recursion."""
+    level: list[Any] = [node]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for item in level:
+            values = item.values() if type(item) is dict else item
+            inner += [v for v in values if type(v) is dict or type(v) is list]
+        if not inner:
+            return True
+        level = inner
     return False
 
 
@@ -109,16 +141,21 @@ def decode_json(raw: bytes) -> Any:
         fast = orjson.loads(raw)
         if not _maybe_widened(fast):
             return fast
-    except (orjson.JSONDecodeError, RecursionError):  # deep nesting: `json` says so
+    except orjson.JSONDecodeError:  # nesting past orjson's 1024 included: `json` says so
         pass
+    except _TooDeep:
+        raise _too_deep() from None
     try:
-        return json.loads(raw)
+        node = json.loads(raw)
     except UnicodeDecodeError:
         raise BadRequest("request body is not UTF-8") from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+        raise _too_deep() from None
+    if type(node) in (dict, list) and not _depth_within(node, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return node
 
 
 def parse_body(raw: bytes, kind: str) -> ParsedRequest:

@@ -191,11 +191,6 @@ def not_an_answer(
     return EngineFailure(502, f"{what} {ep.spec.engine_id} answered {status} instead of 200")
 
 
-def is_json_object(data: bytes) -> bool:
-    """Is `data` one JSON object? (`json_object`)"""
-    return json_object(data) is not None
-
-
 class EngineClient:
     """The proxy's one pooled HTTP client to every engine (open for the app's lifetime)."""
 
