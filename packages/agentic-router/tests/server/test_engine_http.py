@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -321,6 +322,61 @@ def test_a_malformed_answer_head_is_an_engine_disconnect() -> None:
             with pytest.raises(EngineDisconnected):
                 await pool.request(target, {}, b"{}")
             assert pool.open_connections() == 0
+            await pool.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        b"X-Flood: %d\r\n",  # headers without end
+        b"%d",  # one header value without end
+    ],
+    ids=["many-headers", "one-endless-header"],
+)
+def test_an_answer_head_without_end_breaks_the_connection_not_the_routers_memory(
+    flood: bytes,
+) -> None:
+    """The audit's engine sent headers for ever and the client kept them all; now a
+    head over MAX_HEAD_BYTES, or with more than MAX_HEADERS headers, is the engine's
+    broken answer (a retriable 502 for the router)."""
+
+    async def endless(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\n" + (b"" if b"X-" in flood else b"X-Long: "))
+        with contextlib.suppress(ConnectionError):
+            for n in range(200_000):  # ~ MBs, far past any limit
+                w.write(flood % n)
+                if n % 1000 == 0:
+                    await w.drain()
+        return False
+
+    async def main() -> None:
+        async with ScriptedEngine(endless) as e:
+            pool, target = pool_and_target(e.url)
+            with pytest.raises(EngineDisconnected, match=r"head is over|more than"):
+                await pool.request(target, {}, b"{}")
+            assert pool.open_connections() == 0
+            await pool.close()
+
+    run(main())
+
+
+def test_a_large_head_within_the_limits_is_read() -> None:
+    extra = b"".join(b"X-Big-%d: %s\r\n" % (n, b"v" * 400) for n in range(100))  # ~42 KB
+
+    async def big(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(ok_answer(extra=extra))
+        return True
+
+    async def main() -> None:
+        async with ScriptedEngine(big) as e:
+            pool, target = pool_and_target(e.url)
+            answer = await pool.request(target, {}, b"{}")
+            assert answer.status == 200
+            assert answer.headers.get("x-big-99") == "v" * 400
+            assert await answer.readany() == ANSWER
+            answer.release()
             await pool.close()
 
     run(main())

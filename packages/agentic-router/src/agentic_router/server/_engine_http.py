@@ -46,6 +46,12 @@ except ImportError:  # pragma: no cover - a declared dependency; aiohttp serves 
 HIGH_WATER: Final = 1 << 20
 #: idle connections kept per engine (more are closed when released)
 MAX_IDLE: Final = 128
+#: an answer's head (status line and headers, informational heads included) larger
+#: than this, or with more headers, breaks the connection: an engine sending headers
+#: without end would otherwise grow the router's memory without bound (aiohttp's
+#: client stops at 8 KiB lines and 32 KiB fields; this is looser, and per head)
+MAX_HEAD_BYTES: Final = 64 << 10
+MAX_HEADERS: Final = 128
 _UNSAFE: Final = frozenset("\r\n\0")
 
 
@@ -221,6 +227,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self._names: dict[str, str] = {}
+        self._head_bytes = 0  # bytes received since the answer's head began
+        self._headers = 0  # headers received in it
         self._keep_alive = False
         self._informational = False
         self._until_close = False
@@ -235,12 +243,26 @@ class _Connection(asyncio.Protocol):
         if self.answer is None or self._extra:  # bytes nobody asked for
             self._broken("the engine sent bytes with no request pending")
             return
+        in_head = not self.answer.status
+        if in_head:
+            self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._broken("the engine switched protocols")
+            return
         except httptools.HttpParserError as exc:
             self._broken(f"the engine's answer is not HTTP/1.1: {exc}")
+            return
+        if self._headers > MAX_HEADERS:
+            self._broken(f"the engine's answer has more than {MAX_HEADERS} headers")
+        elif (
+            in_head
+            and self._head_bytes > MAX_HEAD_BYTES
+            and self.answer is not None
+            and not self.answer.status
+        ):
+            self._broken(f"the engine's answer head is over {MAX_HEAD_BYTES} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -261,6 +283,9 @@ class _Connection(asyncio.Protocol):
             self._extra = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers += 1
+        if self._headers > MAX_HEADERS:
+            return  # data_received breaks the connection
         key = name.decode("latin-1").lower()
         if key not in self._names:
             self._names[key] = value.decode("latin-1")
@@ -274,6 +299,7 @@ class _Connection(asyncio.Protocol):
         if status < 200:  # informational (100 Continue): the answer follows
             self._informational = True
             return
+        self._head_bytes = self._headers = 0
         answer.status = status
         answer.headers = Headers(names)
         length = names.get("content-length")
@@ -309,6 +335,7 @@ class _Connection(asyncio.Protocol):
         self.answer = EngineAnswer(self)
         self.head = self.loop.create_future()
         self._names = {}
+        self._head_bytes = self._headers = 0
         self._informational = self._until_close = False
         lines = [target.head]
         for name, value in headers.items():
