@@ -116,6 +116,8 @@ def _reason(**overrides: Any) -> str:
         ({"num_running": "4"}, DropReason.MALFORMED),
         ({"engine_id": "../etc/passwd"}, DropReason.MALFORMED),
         ({"engine_id": ""}, DropReason.MALFORMED),
+        ({"engine_id": "engine_0\n"}, DropReason.MALFORMED),  # `$` let it pass
+        ({"host": "h1\n"}, DropReason.MALFORMED),
         ({"engine_id": 7}, DropReason.MALFORMED),
         ({"ts": "now"}, DropReason.MALFORMED),
     ],

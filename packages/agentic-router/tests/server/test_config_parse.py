@@ -92,6 +92,13 @@ def test_precedence_flag_over_env_over_yaml(tmp_path: Path) -> None:
         (("--engine", "http://h:1"), {"AGENTIC_MAX_RETRIES": "-1"}, "max_retries"),
         (("--engine", "a=http://h:1", "--engine", "a=http://h:2"), {}, "unique"),
         (("--engine", "http://h:1"), {"AGENTIC_PD_PROTOCOL": "nixl"}, "pd_protocol"),
+        # an id goes into the feed's keys, logs and the X-Agentic-Worker header
+        (("--engine", "h1\r\nX-Evil: 1=http://h:1"), {}, "engine id"),
+        (("--engine", "h 1=http://h:1"), {}, "engine id"),
+        (("--engine", "h1\n=http://h:1"), {}, "engine id"),
+        (("--prefill", "p/1=http://p:1", "--decode", "http://d:1"), {}, "engine id"),
+        (("--engine", "http://h:1/v\n1"), {}, "control characters"),
+        (("--engine", "http://h\t:1"), {}, "control characters"),
     ],
 )
 def test_bad_settings_are_clear_errors(

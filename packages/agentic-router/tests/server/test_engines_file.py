@@ -67,6 +67,9 @@ def test_any_text_is_engines_or_one_clear_error(text: str) -> None:
         ("- {url: 'http://a:1', weight: 3}", "unknown engine field(s) weight"),
         ("- http://a:1\n- http://a:1", "url given twice"),
         ("- x=http://a:1\n- x=http://b:1", "engine_id given twice: x"),
+        ('- {url: "http://a:1", engine_id: "a\\r\\nX-Evil: 1"}', "engine id 'a\\r\\nX-Evil: 1'"),
+        ('- {url: "http://a:1", engine_id: "../etc"}', "is not valid"),
+        ('- "http://a:1/\\u0000"', "control characters"),
     ],
 )
 def test_what_a_bad_file_is_told(text: str, words: str) -> None:

@@ -6,6 +6,7 @@ from agentic_common._schema import (
     DropReason,
     EngineState,
     InvalidStateError,
+    is_engine_id,
     kv_used_frac,
 )
 from agentic_common._table import text_table
@@ -40,6 +41,7 @@ __all__ = [
     "StateWriter",
     "check_uri",
     "default_uri",
+    "is_engine_id",
     "kv_used_frac",
     "open_async_reader",
     "open_reader",

@@ -38,10 +38,17 @@ SCHEMA_VERSION: Final = 1
 
 # An engine id names a file in the file transport and a key suffix in Redis,
 # so it must be safe for both: no path separators, no whitespace, bounded.
-ENGINE_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")
+# (\Z, not $: `$` also matches before a final newline, which let "engine_0\n" pass)
+ENGINE_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}\Z")
 
 # A host name as the publisher reports it (bounded; no spaces or controls).
-HOST_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}$")
+HOST_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,254}\Z")
+
+
+def is_engine_id(text: str) -> bool:
+    """Can `text` name an engine (in the feed, a file name, a Redis key, a header)?"""
+    return ENGINE_ID_PATTERN.match(text) is not None
+
 
 # A snapshot larger than this is not one we wrote; refusing it early keeps a
 # hostile or corrupted store from costing the router memory or time.

@@ -33,6 +33,7 @@ from agentic_router.migration.settings import MigrationSettings
 from agentic_router.server._engines import (
     EngineEntry,
     EngineError,
+    check_engine_id,
     check_engine_url,
     check_roles,
     startup_file_engines,
@@ -366,6 +367,7 @@ class ServerConfig:
         object.__setattr__(self, "file_engines", file_engines)
         for spec in (*self.engine_specs(), *self.prefill_specs(), *self.decode_specs()):
             try:
+                check_engine_id(spec.engine_id)
                 check_engine_url(spec.url)
             except EngineError as exc:
                 raise ConfigError(str(exc)) from None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from agentic_common import redact_uri
+from agentic_common import is_engine_id, redact_uri
 
 log = logging.getLogger("agentic_router.server")
 
@@ -35,8 +35,24 @@ class EngineError(ValueError):
         self.param = param
 
 
+def check_engine_id(engine_id: str) -> None:
+    """An engine id the feed, the logs and the X-Agentic-Worker header can carry."""
+    if not is_engine_id(engine_id):
+        raise EngineError(
+            f"engine id {engine_id!r} is not valid: letters, digits and _.:@+- only, "
+            "starting with a letter or digit, at most 128",
+            "engine_id",
+        )
+
+
 def check_engine_url(url: str) -> None:
-    """An engine URL every request can use: http(s), a host, a valid port if any."""
+    """An engine URL every request can use: http(s), a host, a valid port if any, and
+    no whitespace or control character (urlsplit drops some silently; the URL as
+    given is what requests and logs carry)."""
+    if any(c <= " " or c == "\x7f" for c in url):
+        raise EngineError(
+            f"engine URL must not hold whitespace or control characters, got {url!r}", "url"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when not a number in 0..65535
@@ -102,6 +118,8 @@ def engine_entry(value: Any) -> EngineEntry:
             raise EngineError(
                 f"engine_id must be a non-empty string, got {engine_id!r}", "engine_id"
             )
+        if engine_id is not None:
+            check_engine_id(engine_id.strip())
         entry = EngineEntry(
             url=url.strip().rstrip("/"),
             role=role,
