@@ -164,6 +164,65 @@ def test_every_shape_of_a_whole_answer_is_relayed(answer: bytes) -> None:
 
 
 @CLIENTS
+@pytest.mark.parametrize("kind", ["whole", "stream", "refusal"])
+@pytest.mark.parametrize("content_type", [b"application/json\x01", b"text/plain; x=\xe9"])
+def test_an_engines_content_type_a_header_cannot_carry_is_not_relayed(
+    client: str, kind: str, content_type: bytes
+) -> None:
+    """The audit's engine answered with a control character in its Content-Type; the
+    router relayed it, aiohttp refused to send it, and the client got a 500. Now the
+    answer is relayed under the default type (or, where the engine client's parser
+    refuses such a head, is the engine's failure: a 502)."""
+    stream = b"".join(_chunk(event) for event in STREAM) + b"0\r\n\r\n"
+
+    async def script(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        if kind == "stream":
+            w.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n%s"
+                % (content_type, stream)
+            )
+        elif kind == "refusal":
+            error = b'{"error": {"message": "no", "code": 400}}'
+            w.write(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (content_type, len(error), error)
+            )
+        else:
+            w.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (content_type, len(ANSWER), ANSWER)
+            )
+        return True
+
+    async def main() -> None:
+        cfg = config(engines=[script_engine.url], engine_client=client)
+        async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+            body = completion_body(stream=kind == "stream")
+            async with s.post(r.url + "/v1/completions", json=body) as resp:
+                data = await resp.read()
+                if client == "auto" and b"\x01" in content_type:
+                    # httptools refuses the head: the engine's broken answer
+                    assert resp.status == 502, data
+                    assert "engine_0" in (await resp.json())["error"]["message"]
+                    return
+                assert resp.status == (400 if kind == "refusal" else 200), data
+                want = "text/event-stream" if kind == "stream" else "application/json"
+                assert resp.headers["Content-Type"] == want
+                if kind == "stream":
+                    assert data.endswith(b"data: [DONE]\n\n")
+                elif kind == "whole":
+                    assert data == ANSWER
+
+    async def outer() -> None:
+        nonlocal script_engine
+        async with ScriptedEngine(script) as script_engine:
+            await main()
+
+    script_engine: ScriptedEngine
+    run(outer())
+
+
+@CLIENTS
 @pytest.mark.parametrize("status", [204, 301, 307])
 def test_a_redirect_or_an_empty_success_is_not_relayed_nor_followed(
     status: int, client: str

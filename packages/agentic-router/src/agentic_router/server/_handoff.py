@@ -35,6 +35,7 @@ from agentic_router.server._upstream import (
     Deadline,
     EngineClient,
     EngineFailure,
+    content_type_of,
     not_an_answer,
 )
 from agentic_router.server._upstream import json_object as parse_json_object
@@ -181,7 +182,7 @@ async def _read_prefill(
             f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
             retriable=retriable,
             answer=None if status >= 500 else data,
-            content_type=upstream.headers.get("Content-Type", "application/json"),
+            content_type=content_type_of(upstream, "application/json"),
         )
         if status >= 500:
             blame = (ep, f"http_{status}", text[:200])

@@ -181,6 +181,16 @@ def json_object(data: bytes) -> dict[str, Any] | None:
     return node if type(node) is dict else None
 
 
+def content_type_of(upstream: Answer, default: str) -> str:
+    """The engine's Content-Type, to relay: `default` when it has none, or one holding
+    a character a header may not (a control character or non-ASCII: aiohttp refused
+    to send it and the client got a 500)."""
+    value = upstream.headers.get("Content-Type")
+    if value is None or not value.isascii() or not value.isprintable():
+        return default
+    return value
+
+
 def not_an_answer(
     acct: Accounting, ep: Endpoint, status: int, what: str = "engine"
 ) -> EngineFailure:
@@ -336,7 +346,7 @@ class EngineClient:
             # is about the request, which another engine would refuse too
             retriable=status == 429,
             answer=data,
-            content_type=upstream.headers.get("Content-Type", "application/json"),
+            content_type=content_type_of(upstream, "application/json"),
         )
 
     async def _relay_full(
@@ -372,7 +382,7 @@ class EngineClient:
             body=data,
             status=200,
             headers={
-                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                "Content-Type": content_type_of(upstream, "application/json"),
                 **acct.worker_headers(ctx),
             },
         )
@@ -417,7 +427,7 @@ class EngineClient:
                 out = web.StreamResponse(
                     status=200,
                     headers={
-                        "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                        "Content-Type": content_type_of(upstream, "text/event-stream"),
                         "Cache-Control": "no-cache",
                         **acct.worker_headers(ctx),
                     },
