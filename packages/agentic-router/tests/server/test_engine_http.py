@@ -9,6 +9,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from agentic_router.server._engine_http import EngineDisconnected, EnginePool, Target
 from agentic_router.server.testing import running_router
 
-from .conftest import completion_body, config, eventually, run
+from .conftest import completion_body, config, eventually, run, sse_events
 
 pytestmark = pytest.mark.e2e
 
@@ -547,3 +548,106 @@ def test_the_routers_own_gets_do_not_follow_an_engines_redirect() -> None:
             assert other.heads == []  # no GET reached the other host
 
     run(main())
+
+
+@CLIENTS
+def test_an_engine_trickling_bytes_that_complete_no_event_is_silent(client: str) -> None:
+    """The audit's engine sent one byte a second after its first event, never a whole
+    event: each byte moved the idle deadline, so the stream hung for as long as the
+    engine liked. Only a whole event relayed moves it now."""
+
+    async def trickle(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + _chunk(STREAM[0])
+        )
+        with contextlib.suppress(ConnectionError):
+            for byte in b'data: {"choices":[{"text":"' + b"x" * 40:  # never a whole event
+                await asyncio.sleep(0.1)
+                w.write(_chunk(bytes([byte])))
+                await w.drain()
+        return False
+
+    async def main() -> None:
+        cfg = config(engines=[e.url], engine_client=client, stream_idle_timeout_s=0.5)
+        async with running_router(cfg) as r:
+            status, data = await _stream(r.url)
+            assert status == 200
+            events = sse_events(data)
+            assert events[0] == json.loads(STREAM[0][6:])
+            assert events[-1]["error"]["code"] == 504, events  # not cut 5 s later (502)
+            assert "went silent" in events[-1]["error"]["message"]
+
+    async def outer() -> None:
+        nonlocal e
+        async with ScriptedEngine(trickle) as e:
+            await main()
+
+    e: ScriptedEngine
+    run(outer())
+
+
+@CLIENTS
+def test_a_client_that_stops_reading_a_stream_is_dropped_and_the_engine_not_blamed(
+    client: str,
+) -> None:
+    """The audit's client stopped reading a fast stream: the router's writes to it
+    blocked under the engine's idle deadline, which fired and counted a timeout
+    against the engine (enough of those open its circuit). Now a write the client
+    does not take within the idle timeout drops the client, and the engine's
+    breaker and failure counters are untouched."""
+    event = b'data: {"choices":[{"text":"' + b"x" * 65_000 + b'"}]}\n\n'
+
+    async def fast(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        with contextlib.suppress(ConnectionError):
+            for _ in range(400):  # ~26 MB: far more than the sockets between buffer
+                w.write(_chunk(event))
+                await w.drain()
+            w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return False
+
+    async def main() -> None:
+        cfg = config(engines=[e.url], engine_client=client, stream_idle_timeout_s=0.5)
+        async with running_router(cfg) as r:
+            host, port = r.url.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(sock, (host, int(port)))
+            body = json.dumps(completion_body(stream=True)).encode()
+            await loop.sock_sendall(
+                sock,
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+            )
+            # never read: the router must give up on this client, not on the engine
+            telemetry = r.proxy.acct.telemetry
+            await eventually(
+                lambda: bool(telemetry.requests.values), "the request has an outcome", 15.0
+            )
+            sock.close()
+            assert list(telemetry.requests.values) == [("completions", "client_disconnect")]
+            endpoint = r.proxy.endpoints[0]
+            assert endpoint.breaker.to_dict()["consecutive_failures"] == 0
+            assert endpoint.breaker.state == "closed"
+            metrics = await _metrics_text(r.url)
+            assert 'kind="timeout"' not in metrics
+            assert 'outcome="stream_timeout"' not in metrics
+
+    async def outer() -> None:
+        nonlocal e
+        async with ScriptedEngine(fast) as e:
+            await main()
+
+    e: ScriptedEngine
+    run(outer())
+
+
+async def _metrics_text(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as resp:
+        return await resp.text()

@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import aiohttp
@@ -42,7 +44,9 @@ from agentic_router.server._engine_http import (
     engine_pool_available,
 )
 from agentic_router.server._parse import RESPONSES, error_body
-from agentic_router.server._sse import response_id_in, response_id_of, sse_events
+from agentic_router.server._sse import SseEvents, response_id_in, response_id_of, sse_events
+
+log = logging.getLogger("agentic_router.server")
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
@@ -387,6 +391,33 @@ class EngineClient:
             },
         )
 
+    async def _first_event(
+        self, ep: Endpoint, content: Chunks, events: SseEvents
+    ) -> tuple[bytes, bool]:
+        """Read up to the stream's first whole, well-formed event: (the events ready to
+        relay, whether the engine's answer ended). Nothing goes to the client before
+        it, so until then a retry on another engine is still safe: any fault is an
+        EngineFailure."""
+        acct = self.acct
+        engine = ep.spec.engine_id
+        ready = b""
+        ended = False
+        while not ready and not ended:
+            try:
+                chunk = await content.readany()
+            except (aiohttp.ClientError, OSError) as exc:
+                acct.record_failure(ep, "cut", repr(exc))
+                raise EngineFailure(502, f"engine {engine} dropped the stream") from None
+            ended = not chunk
+            ready = events.feed(chunk) if chunk else events.finish()
+            if events.problem:
+                acct.record_failure(ep, "garbage", events.problem)
+                raise EngineFailure(502, f"engine {engine} sent a malformed stream")
+        if not ready:
+            acct.record_failure(ep, "cut", "empty stream")
+            raise EngineFailure(502, f"engine {engine} sent an empty stream")
+        return ready, ended
+
     async def _relay_stream(
         self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str
     ) -> web.StreamResponse:
@@ -397,27 +428,15 @@ class EngineClient:
         out: web.StreamResponse | None = None
         tail = b""
         fault: tuple[str, str, str] | None = None  # (failure kind, outcome, message)
+        idle = self.config.stream_idle_timeout_s
+        writing = False  # the deadline, while set, is the client's (taking what was sent)
         try:
-            # One deadline, moved forward as bytes arrive: first byte, then idle gaps.
+            # One deadline: the first event, then each idle gap between two whole
+            # events relayed (bytes that complete no event do not move it: an engine
+            # trickling a byte a second is as silent as one sending nothing), and
+            # each write to the client, which has `idle` to take it.
             async with Deadline(self.config.first_byte_timeout_s) as deadline:
-                # Nothing goes to the client before one whole, well-formed event:
-                # until then a retry on another engine is still safe.
-                ready = b""
-                ended = False
-                while not ready and not ended:
-                    try:
-                        chunk = await content.readany()
-                    except (aiohttp.ClientError, OSError) as exc:
-                        acct.record_failure(ep, "cut", repr(exc))
-                        raise EngineFailure(502, f"engine {engine} dropped the stream") from None
-                    ended = not chunk
-                    ready = events.feed(chunk) if chunk else events.finish()
-                    if events.problem:
-                        acct.record_failure(ep, "garbage", events.problem)
-                        raise EngineFailure(502, f"engine {engine} sent a malformed stream")
-                if not ready:
-                    acct.record_failure(ep, "cut", "empty stream")
-                    raise EngineFailure(502, f"engine {engine} sent an empty stream")
+                ready, ended = await self._first_event(ep, content, events)
                 # From here on the client gets bytes: no retry, errors go in-band.
                 ctx.first_token = time.monotonic()
                 # a Responses stream's first event names the response
@@ -432,17 +451,19 @@ class EngineClient:
                         **acct.worker_headers(ctx),
                     },
                 )
-                idle = self.config.stream_idle_timeout_s
                 tail = ready
                 # one observe per chunk relayed: the gap since the previous one
                 gaps = acct.telemetry.inter_token.child(ctx.engine(), ctx.policy)
                 last = ctx.first_token
                 try:
                     ctx.started = True
+                    writing = True
+                    deadline.push(idle)
                     await out.prepare(ctx.request)
                     await out.write(ready)
+                    writing = False
+                    deadline.push(idle)
                     while not ended and not events.done:
-                        deadline.push(idle)
                         try:
                             chunk = await content.readany()
                         except (aiohttp.ClientError, OSError) as exc:
@@ -454,7 +475,11 @@ class EngineClient:
                         ready = events.feed(chunk) if chunk else events.finish()
                         if ready:
                             tail = ready
+                            writing = True
+                            deadline.push(idle)
                             await out.write(ready)
+                            writing = False
+                            deadline.push(idle)
                             now = time.monotonic()
                             gaps.observe(now - last)
                             last = now
@@ -484,6 +509,12 @@ class EngineClient:
                     raise
         except TimeoutError:
             upstream.close()
+            if writing:
+                # The client stopped taking the stream (its reads, not the engine,
+                # held the relay up): drop its connection; the engine is not blamed.
+                log.info("the client took no stream bytes for %ss: its connection dropped", idle)
+                _abort_client(ctx)
+                raise ConnectionResetError("the client stopped reading the stream") from None
             acct.record_failure(ep, "timeout", "stream silent too long")
             if out is None:
                 raise EngineFailure(
@@ -491,20 +522,40 @@ class EngineClient:
                     f"engine {engine} sent no token within {self.config.first_byte_timeout_s}s",
                 ) from None
             acct.count(ctx, "stream_timeout")
-            await stream_error(out, tail, 504, f"engine {engine} went silent")
+            await _to_client(
+                ctx, idle, stream_error(out, tail, 504, f"engine {engine} went silent")
+            )
             return out
         if fault is not None:
             kind, outcome, message = fault
             upstream.close()  # whatever the engine still sends is not relayed
             acct.record_failure(ep, kind, events.problem)
             acct.count(ctx, outcome)
-            await stream_error(out, tail, 502, message)
+            await _to_client(ctx, idle, stream_error(out, tail, 502, message))
             return out
         acct.record_success(ep)
         acct.count(ctx, "ok")
-        with contextlib.suppress(ConnectionResetError):
-            await out.write_eof()
+        await _to_client(ctx, idle, out.write_eof())
         return out
+
+
+def _abort_client(ctx: RequestContext) -> None:
+    transport = ctx.request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _to_client(ctx: RequestContext, within_s: float, write: Awaitable[None]) -> None:
+    """A stream's last write to the client: one that does not take it within
+    `within_s` (it stopped reading) has its connection dropped instead of holding
+    the request for ever."""
+    try:
+        async with asyncio.timeout(within_s):
+            await write
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        _abort_client(ctx)
 
 
 async def _drain(content: Chunks, within_s: float) -> None:
