@@ -292,6 +292,37 @@ def test_a_connection_the_engine_closed_while_idle_is_not_used_again() -> None:
 
 
 @CLIENTS
+def test_a_kept_alive_connection_the_engine_closes_as_the_request_goes_out_is_not_a_failure(
+    client: str,
+) -> None:
+    """The keep-alive race: the engine closes an idle connection just as the router
+    sends the next request on it, answering nothing. That request used to fail
+    (a 502 with one engine) and count against the engine; it is sent again on a
+    new connection."""
+
+    posts = 0
+
+    async def closes_second(w: asyncio.StreamWriter, i: int, head: bytes, body: bytes) -> bool:
+        nonlocal posts
+        posts += head.startswith(b"POST")
+        if posts == 2 and i > 0:  # the second POST, on a reused connection
+            return False  # read the request, close, answer nothing
+        w.write(ok_answer())
+        return True
+
+    async def main() -> None:
+        async with (
+            ScriptedEngine(closes_second) as e,
+            running_router(config(engines=[e.url], engine_client=client, max_retries=0)) as r,
+        ):
+            for _ in range(3):
+                assert await post(r.url, completion_body()) == (200, ANSWER)
+            assert [ep.breaker.to_dict()["consecutive_failures"] for ep in r.proxy.endpoints] == [0]
+
+    run(main())
+
+
+@CLIENTS
 def test_credentials_in_the_engine_url_replace_the_clients_authorization(client: str) -> None:
     async def main() -> None:
         async with ScriptedEngine(answer_ok) as e:

@@ -11,7 +11,10 @@ chunk, so a stream is relayed as it arrives.
 - `EnginePool.request` opens a connection (within `connect_timeout_s`) or reuses
   an idle one, writes the request and returns once the answer's head is in:
   an `EngineAnswer` with `status`, `headers` and `content` (`readany`,
-  `iter_any`), the same reads the proxy makes on aiohttp's response.
+  `iter_any`), the same reads the proxy makes on aiohttp's response. A reused
+  connection that closes before any byte of the answer (the engine closed it as
+  idle while the request went out) is not a failure: the request goes again, once,
+  on a new connection.
 - A connection goes back to the pool only when its answer was read to the end
   and the engine keeps it alive; an answer left unread, cut or malformed closes
   it (`release`). `close` drops it at once (the engine sees the client leave).
@@ -227,6 +230,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self._names: dict[str, str] = {}
+        self.received = False  # a byte of the pending request's answer came
         self._head_bytes = 0  # bytes received since the answer's head began
         self._headers = 0  # headers received in it
         self._keep_alive = False
@@ -243,6 +247,7 @@ class _Connection(asyncio.Protocol):
         if self.answer is None or self._extra:  # bytes nobody asked for
             self._broken("the engine sent bytes with no request pending")
             return
+        self.received = True
         in_head = not self.answer.status
         if in_head:
             self._head_bytes += len(data)
@@ -336,7 +341,7 @@ class _Connection(asyncio.Protocol):
         self.head = self.loop.create_future()
         self._names = {}
         self._head_bytes = self._headers = 0
-        self._informational = self._until_close = False
+        self.received = self._informational = self._until_close = False
         lines = [target.head]
         for name, value in headers.items():
             if target.own_auth and name.lower() == "authorization":
@@ -401,7 +406,21 @@ class EnginePool:
         EngineDisconnected on failure. Cancelled (a deadline), the connection is closed."""
         conn = self._take(target.key)
         if conn is None:
-            conn = await self._connect(target.key)
+            return await self._exchange(await self._connect(target.key), target, headers, body)
+        try:
+            return await self._exchange(conn, target, headers, body)
+        except EngineDisconnected:
+            if conn.received:
+                raise
+        # A kept-alive connection closed with no byte of an answer: the engine had
+        # closed it as idle while the request went out (its keep-alive timeout).
+        # Not the engine's failure: the request is sent again on a new connection.
+        return await self._exchange(await self._connect(target.key), target, headers, body)
+
+    @staticmethod
+    async def _exchange(
+        conn: _Connection, target: Target, headers: Mapping[str, str], body: bytes
+    ) -> EngineAnswer:
         try:
             conn.send(target, headers, body)
             assert conn.head is not None

@@ -297,9 +297,18 @@ class EngineClient:
                 if url.user is not None:  # the URL's credentials, not the client's
                     headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
                 # an engine's redirect is not followed: the prompt goes nowhere else
-                return await self.session.post(
-                    url, data=body, headers=headers, allow_redirects=False
-                )
+                try:
+                    return await self.session.post(
+                        url, data=body, headers=headers, allow_redirects=False
+                    )
+                except aiohttp.ServerDisconnectedError:
+                    # closed before any byte of an answer: most often a kept-alive
+                    # connection the engine closed as idle while the request went
+                    # out. Sent again, once (on a new connection, as the closed one
+                    # left the pool); a second close is the engine's failure.
+                    return await self.session.post(
+                        url, data=body, headers=headers, allow_redirects=False
+                    )
         except TimeoutError:
             self.acct.record_failure(ep, "timeout", "no response headers before first_byte_timeout")
             raise EngineFailure(
