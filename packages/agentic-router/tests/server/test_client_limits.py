@@ -129,6 +129,39 @@ def test_parser_errors_are_openai_json_and_one_warning_line(
         run(main())
 
 
+def test_a_malformed_chunk_mid_upload_is_a_400_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The audit's client sent a chunked body whose second chunk was malformed, after
+    the handler had started reading: aiohttp queued the error as the next request's
+    and the body waited for bytes that never came, so the client got a 408 a whole
+    read deadline later. Now: a 400 naming the fault, at once, and the connection
+    closes."""
+
+    async def main() -> None:
+        cfg = config(engines=["http://127.0.0.1:9"], request_read_timeout_s=60.0)
+        async with running_router(cfg) as r:
+            reader, writer = await _connect(r)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"pro\r\n'
+            )
+            await writer.drain()
+            await asyncio.sleep(0.2)  # the handler is reading the body
+            writer.write(b"zz\r\nmpt\r\n0\r\n\r\n")
+            await writer.drain()
+            status, _, body = await _read_response(reader)  # within 10 s, not 60
+            assert status == 400, body
+            assert _is_openai_error(body, 400), body
+            assert "malformed" in body["error"]["message"], body
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed after it
+            writer.close()
+            assert r.active_requests() == 0
+
+    with caplog.at_level(logging.WARNING):
+        run(main())
+    assert not [rec for rec in caplog.records if rec.exc_info], "a client error logged a traceback"
+    assert all("\n" not in rec.getMessage() for rec in caplog.records)
+
+
 def test_handler_client_errors_log_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
     """A 400 (bad JSON), a 404 and a 405 each log one WARNING line naming the
     request, without a traceback."""

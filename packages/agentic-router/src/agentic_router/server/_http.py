@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+from aiohttp.web_protocol import _ErrInfo
 
 from agentic_router.server._parse import error_body
 from agentic_router.server._request_id import ROUTER_ID, client_id, new_id
@@ -114,7 +115,28 @@ class RouterProtocol(web.RequestHandler):
                 self._arm(head_bytes=True)
             else:
                 self._head_bytes = True
+        queued = len(self._messages)
         super().data_received(data)
+        if not self._awaiting_head and len(self._messages) > queued:
+            self._body_broken()
+
+    def _body_broken(self) -> None:
+        """The parser failed while a handler reads its body (a malformed chunk):
+        aiohttp queues the error as the next request's and leaves the body waiting
+        for bytes that never come, so the client waited out the read deadline for
+        a 408. The body's read fails now (a 400 naming the fault), and the
+        connection closes after that answer, the error no longer queued."""
+        info = self._messages[-1][0]
+        request = self._current_request
+        if not isinstance(info, _ErrInfo) or request is None or request.content.is_eof():
+            return  # the error is a next request's (pipelined), served in its turn
+        self._messages.pop()
+        content = request.content
+        content.set_exception(
+            web.RequestPayloadError(one_line(without_request_bytes(info.message)))
+        )
+        content.feed_eof()  # nothing more to read: aiohttp does not linger on it after
+        self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
