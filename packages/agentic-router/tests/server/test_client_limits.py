@@ -162,6 +162,39 @@ def test_a_malformed_chunk_mid_upload_is_a_400_at_once(caplog: pytest.LogCapture
     assert all("\n" not in rec.getMessage() for rec in caplog.records)
 
 
+def test_a_client_leaving_mid_stream_is_no_error_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The audit's client closed its connection mid-stream: the router logged an
+    ERROR with a traceback, as for a router bug. A client leaving is routine: its
+    outcome is counted (client_disconnect), the engine is not blamed, and the log
+    has no error."""
+
+    async def main() -> None:
+        eng = FakeEngine(output_tokens=200)
+        eng.faults.token_interval_s = 0.01
+        async with eng, running_router(config(engines=[eng.url])) as r:
+            reader, writer = await _connect(r)
+            body = json.dumps(completion_body(stream=True, max_tokens=200)).encode()
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+            await asyncio.wait_for(reader.readuntil(b"data: "), 10)  # the stream started
+            writer.transport.abort()  # gone, with a reset
+            telemetry = r.proxy.acct.telemetry
+            await eventually(lambda: bool(telemetry.requests.values), "the request's outcome")
+            assert list(telemetry.requests.values) == [("completions", "client_disconnect")]
+            assert r.proxy.endpoints[0].breaker.to_dict()["consecutive_failures"] == 0
+            await eventually(lambda: r.active_requests() == 0, "its reservation freed")
+
+    with caplog.at_level(logging.DEBUG):
+        run(main())
+    errors = [rec for rec in caplog.records if rec.exc_info or rec.levelno >= logging.ERROR]
+    assert not errors, [rec.getMessage() for rec in errors]
+
+
 def test_handler_client_errors_log_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
     """A 400 (bad JSON), a 404 and a 405 each log one WARNING line naming the
     request, without a traceback."""

@@ -204,6 +204,11 @@ class RouterProtocol(web.RequestHandler):
             or request.get(ROUTER_ID)
             or new_id()
         )
+        if isinstance(exc, ConnectionResetError):
+            # The client left while its answer was written (a stream it stopped
+            # reading, a closed tab): nobody to answer, and no bug.
+            log.debug("client %s left during its answer request_id=%s", request.remote, rid)
+            raise ConnectionError("the client left: nothing to answer")
         if status >= 500:
             # A handler raised: a router bug, worth its traceback. The client
             # is not told what it was.
