@@ -188,7 +188,7 @@ def test_a_bad_routing_knob_is_a_clear_error_at_start(
     [
         ("http://127.0.0.1:46751x", None, "engine URL must be http(s)://host:port"),
         ("http://127.0.0.1:99999", None, "engine URL must be http(s)://host:port"),
-        ("http://h1:8000 http://h2:8000", None, "engine URL must be http(s)://host:port"),
+        ("http://h1:8000 http://h2:8000", None, "engine URL must not hold whitespace"),
         ("http://u:pw-1@h1:8000x", None, "'http://u:***@h1:8000x'"),
         (ENGINE, "redis://:pw-1@h:6379/0?ttl_ms=soon", "--engine-state-uri: ttl_ms"),
         (ENGINE, "redis:///0", "--engine-state-uri: redis URI needs a host"),

@@ -49,6 +49,7 @@ from agentic_router.server._body import BodyBudget, BodyReader
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
+from agentic_router.server._health_check import HealthChecker
 from agentic_router.server._http import RouterProtocol, RouterRunner, expect_continue, one_line
 from agentic_router.server._logging import CONTEXT, access_log
 from agentic_router.server._models import ModelCatalog
@@ -75,7 +76,7 @@ from agentic_router.server._request_id import (
     new_id,
 )
 from agentic_router.server._routing import RoutingCore
-from agentic_router.server._upstream import EngineClient, HealthChecker, json_error
+from agentic_router.server._upstream import EngineClient, json_error
 from agentic_router.server._workers import WorkerSet
 
 log = logging.getLogger("agentic_router.server")

@@ -1,4 +1,5 @@
-"""Talking to engines: the pooled client, deadlines, relaying answers, health checks.
+"""Talking to engines: the pooled client, deadlines, relaying answers (the health
+check is `_health_check`).
 
 - `Deadline`: `asyncio.timeout` whose expiry can be pushed later cheaply;
 - `EngineFailure`: an engine gave no usable answer (what the client gets, and
@@ -7,8 +8,7 @@
   request and relays the answer (whole, or streamed event by event, never
   holding more than one unfinished event), under a connect timeout, a
   first-byte deadline and an idle deadline, and reports each engine's
-  failures and successes to `Accounting`;
-- `HealthChecker`: the active `GET /health` loop.
+  failures and successes to `Accounting`.
 
 It raises `EngineFailure` only while nothing has reached the client, so a
 retry is always safe; after that, errors go in-band (an SSE error event).
@@ -189,8 +189,8 @@ def content_type_of(upstream: Answer, default: str) -> str:
     """The engine's Content-Type, to relay: `default` when it has none, or one holding
     a character a header may not (a control character or non-ASCII: aiohttp refused
     to send it and the client got a 500)."""
-    value = upstream.headers.get("Content-Type")
-    if value is None or not value.isascii() or not value.isprintable():
+    value = upstream.headers.get("Content-Type", "")
+    if not value or not value.isascii() or not value.isprintable():
         return default
     return value
 
@@ -574,37 +574,3 @@ async def _drain(content: Chunks, within_s: float) -> None:
         async with asyncio.timeout(within_s):
             while await content.readany():
                 pass
-
-
-class HealthChecker:
-    """Every `health_check_interval_s`, `GET /health` on each engine; feeds the breakers."""
-
-    def __init__(self, config: ServerConfig, acct: Accounting, client: EngineClient) -> None:
-        self.config = config
-        self.acct = acct
-        self.client = client
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.gather(*(self.check(ep) for ep in self.acct.live()))
-            self.acct.sync_health()
-            await asyncio.sleep(self.config.health_check_interval_s)
-
-    async def check(self, ep: Endpoint) -> None:
-        session = self.client.session
-        assert session is not None
-        acct = self.acct
-        timeout = aiohttp.ClientTimeout(total=self.config.health_check_timeout_s)
-        try:
-            # the timeout covers the body; its size is capped like any engine answer
-            async with session.get(
-                ep.spec.url + "/health", timeout=timeout, allow_redirects=False
-            ) as resp:
-                await read_capped(resp, self.config.max_response_bytes)
-                ok = resp.status == 200
-                problem = f"GET /health answered {resp.status}"
-        except TooLarge:
-            ok, problem = False, "GET /health answered over max_response_bytes"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            ok, problem = False, f"GET /health failed: {exc!r}"
-        acct.record_health(ep, ok, problem)
