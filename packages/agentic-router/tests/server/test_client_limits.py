@@ -195,6 +195,39 @@ def test_a_client_leaving_mid_stream_is_no_error_in_the_log(
     assert not errors, [rec.getMessage() for rec in errors]
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_a_body_that_does_not_decode_is_one_400_and_one_warning_line(
+    encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The audit's body said Content-Encoding: gzip and was not gzip: a 400 whose
+    message held the decoder's raw newline, then aiohttp's ERROR traceback when it
+    tried to read the rest of the broken body. Now one 400, its message one line,
+    one WARNING, and the router keeps serving."""
+
+    async def main() -> None:
+        async with running_router(config(engines=["http://127.0.0.1:9"])) as r:
+            for _ in range(2):  # the same connection is not left broken
+                raw = await _exchange(
+                    r,
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Encoding: %s\r\n"
+                    b"Content-Length: 40\r\n\r\n%s" % (encoding.encode(), b"n" * 40),
+                )
+                status, _, body = _parse_raw(raw)
+                assert status == 400, raw
+                assert _is_openai_error(body, 400), body
+                assert "\n" not in body["error"]["message"]
+            async with aiohttp.ClientSession() as s, s.get(r.url + "/health") as resp:
+                assert resp.status in (200, 503)
+
+    with caplog.at_level(logging.WARNING):
+        run(main())
+    errors = [rec for rec in caplog.records if rec.exc_info or rec.levelno >= logging.ERROR]
+    assert not errors, [rec.getMessage() for rec in errors]
+    warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warnings) == 2, [rec.getMessage() for rec in warnings]
+
+
 def test_handler_client_errors_log_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
     """A 400 (bad JSON), a 404 and a 405 each log one WARNING line naming the
     request, without a traceback."""

@@ -23,7 +23,19 @@ import asyncio
 
 from aiohttp import web
 
+from agentic_router.server._http import one_line, without_request_bytes
 from agentic_router.server._parse import BadRequest
+
+
+def _malformed(request: web.BaseRequest, exc: web.RequestPayloadError) -> BadRequest:
+    """A body the parser could not read (a malformed chunk, a Content-Encoding it
+    does not decode): a 400 whose message is one line, and the connection closes
+    after it. Left unread, aiohttp lingered on the rest of the broken body after the
+    answer and logged the parser's error again as an ERROR traceback."""
+    request.content.feed_eof()
+    request.protocol.close()
+    message = one_line(without_request_bytes(str(exc)))
+    return BadRequest(f"request body is malformed: {message}")
 
 
 class BodyBudget:
@@ -76,7 +88,7 @@ class BodyReader:
             try:
                 data = content.read_nowait(-1)
             except web.RequestPayloadError as exc:
-                raise BadRequest(f"request body is malformed: {exc}") from None
+                raise _malformed(request, exc) from None
             if len(data) > self.max_bytes:
                 raise BadRequest(
                     f"request body exceeds max_body_bytes={self.max_bytes}", status=413
@@ -98,7 +110,7 @@ class BodyReader:
                         self._take(len(chunk))
                     chunks.append(chunk)
         except web.RequestPayloadError as exc:  # e.g. a malformed chunk
-            raise BadRequest(f"request body is malformed: {exc}") from None
+            raise _malformed(request, exc) from None
         except TimeoutError:
             raise BadRequest(
                 "request body not received before the read deadline (request_read_timeout_s)",
