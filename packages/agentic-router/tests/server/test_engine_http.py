@@ -196,7 +196,7 @@ def test_an_engines_content_type_a_header_cannot_carry_is_not_relayed(
             )
         return True
 
-    async def main() -> None:
+    async def main(script_engine: ScriptedEngine) -> None:
         cfg = config(engines=[script_engine.url], engine_client=client)
         async with running_router(cfg) as r, aiohttp.ClientSession() as s:
             body = completion_body(stream=kind == "stream")
@@ -216,11 +216,9 @@ def test_an_engines_content_type_a_header_cannot_carry_is_not_relayed(
                     assert data == ANSWER
 
     async def outer() -> None:
-        nonlocal script_engine
         async with ScriptedEngine(script) as script_engine:
-            await main()
+            await main(script_engine)
 
-    script_engine: ScriptedEngine
     run(outer())
 
 
@@ -600,7 +598,7 @@ def test_an_engine_trickling_bytes_that_complete_no_event_is_silent(client: str)
                 await w.drain()
         return False
 
-    async def main() -> None:
+    async def main(e: ScriptedEngine) -> None:
         cfg = config(engines=[e.url], engine_client=client, stream_idle_timeout_s=0.5)
         async with running_router(cfg) as r:
             status, data = await _stream(r.url)
@@ -611,11 +609,9 @@ def test_an_engine_trickling_bytes_that_complete_no_event_is_silent(client: str)
             assert "went silent" in events[-1]["error"]["message"]
 
     async def outer() -> None:
-        nonlocal e
         async with ScriptedEngine(trickle) as e:
-            await main()
+            await main(e)
 
-    e: ScriptedEngine
     run(outer())
 
 
@@ -642,7 +638,7 @@ def test_a_client_that_stops_reading_a_stream_is_dropped_and_the_engine_not_blam
             w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return False
 
-    async def main() -> None:
+    async def main(e: ScriptedEngine) -> None:
         cfg = config(engines=[e.url], engine_client=client, stream_idle_timeout_s=0.5)
         async with running_router(cfg) as r:
             host, port = r.url.removeprefix("http://").split(":")
@@ -672,11 +668,9 @@ def test_a_client_that_stops_reading_a_stream_is_dropped_and_the_engine_not_blam
             assert 'outcome="stream_timeout"' not in metrics
 
     async def outer() -> None:
-        nonlocal e
         async with ScriptedEngine(fast) as e:
-            await main()
+            await main(e)
 
-    e: ScriptedEngine
     with caplog.at_level(logging.INFO):
         run(outer())
     # a client gone is routine: one INFO line, no error, no traceback
