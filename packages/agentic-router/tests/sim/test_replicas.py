@@ -65,7 +65,7 @@ def test_without_sync_each_replica_sees_only_its_share(agentic: Trace) -> None:
 
 
 def test_every_request_is_decided_by_one_replica_and_nothing_leaks(agentic: Trace) -> None:
-    for spread in ("round_robin", "random"):
+    for spread in ("round_robin", "random", "session"):
         run = run_one(agentic, _config(replicas=4, replica_spread=spread))
         rep = run.replication
         assert rep is not None
@@ -74,6 +74,28 @@ def test_every_request_is_decided_by_one_replica_and_nothing_leaks(agentic: Trac
         assert rep["remote_reservations_left"] == 0
         assert rep["events"]["applied"] > 0
         assert all(r.error is None for r in run.requests)
+
+
+def test_a_session_affine_balancer_keeps_each_session_on_one_replica(agentic: Trace) -> None:
+    """`--replica-spread session`: a load balancer that hashes the session id, as an L7
+    balancer keyed on the session header does. Every turn of a session is decided by
+    one replica, so even replicas that share nothing keep their sessions' homes."""
+    sim = Simulation(agentic, _config(replicas=3, replica_spread="session", replica_sync=False))
+    deciders: dict[str, set[int]] = {}
+    take = sim.driver._take
+
+    def recording(request_id: str, session_id: str | None = None) -> int:
+        replica = take(request_id, session_id)
+        if session_id is not None:
+            deciders.setdefault(session_id, set()).add(replica)
+        return replica
+
+    sim.driver._take = recording  # type: ignore[method-assign]
+    run = sim.run()
+    assert all(r.error is None for r in run.requests)
+    assert len(deciders) == len({r.session_id for r in agentic.requests})
+    assert all(len(replicas) == 1 for replicas in deciders.values())
+    assert len(set().union(*deciders.values())) == 3  # and the sessions are spread
 
 
 def test_one_replica_is_the_router_as_before(agentic: Trace) -> None:

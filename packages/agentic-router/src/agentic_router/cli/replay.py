@@ -64,7 +64,8 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
         "--replica-spread",
         choices=REPLICA_SPREADS,
         default="round_robin",
-        help="--replicas: how the load balancer spreads requests (default round_robin)",
+        help="--replicas: how the load balancer spreads requests: round_robin (default), "
+        "random, or session (a hash of the session id: each session on one replica)",
     )
     parser.add_argument(
         "--replica-sync",

@@ -30,6 +30,7 @@ replica polls the feed and reconciles for itself.
 from __future__ import annotations
 
 import random
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -105,6 +106,7 @@ class RouterDriver:
                 r.set_replica_rank(i, config.replicas)
         self.replica_lag_s = config.replica_lag_s
         self._spread_random = config.replica_spread == "random"
+        self._spread_session = config.replica_spread == "session"
         self._spread_rng = random.Random(config.seed)
         self._owner: dict[str, int] = {}  # request id -> the replica that decided it
         self.replica_requests = [0] * config.replicas
@@ -147,7 +149,7 @@ class RouterDriver:
             if self.logs is not None:
                 self.logs.decision(rr_d.request_id, req.session_id, d.to_log(), stage="decode")
         else:
-            replica = self._take(req.request_id)
+            replica = self._take(req.request_id, req.session_id)
             router = self.replicas[replica]
             decision = router.decide(rr)
             if decision.decode_worker is not None and decision.decode_worker != decision.worker:
@@ -240,12 +242,14 @@ class RouterDriver:
 
     # -- replicas --------------------------------------------------------------------------
 
-    def _take(self, request_id: str) -> int:
+    def _take(self, request_id: str, session_id: str | None = None) -> int:
         """The replica that decides (and serves) this request."""
         n = len(self.replicas)
         if n == 1:
             return 0
-        if self._spread_random:
+        if self._spread_session and session_id is not None:
+            replica = zlib.crc32(session_id.encode()) % n
+        elif self._spread_random:
             replica = self._spread_rng.randrange(n)
         else:
             replica = sum(self.replica_requests) % n

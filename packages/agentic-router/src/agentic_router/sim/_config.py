@@ -20,7 +20,7 @@ from agentic_router.sim._request import SimRequest
 #: of 8192 tokens attending over about 60k tokens of context on the default profile.
 DEFAULT_PUBLISHER_STALL_S: Final = 1.0
 
-REPLICA_SPREADS: Final = ("round_robin", "random")
+REPLICA_SPREADS: Final = ("round_robin", "random", "session")
 
 
 @dataclass(frozen=True, slots=True)
