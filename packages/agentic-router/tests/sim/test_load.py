@@ -20,8 +20,9 @@ from agentic_router.sim import (
     TraceRequest,
     bundled_trace,
 )
-from agentic_router.sim._bounds import pooled_lru_hit_rate
+from agentic_router.sim._bounds import pooled_engine_hit_rate, pooled_lru_hit_rate
 from agentic_router.sim._load import COMPRESS, REPLICATE, at_load, infer_sessions
+from agentic_router.sim._trace import read_mooncake
 
 pytestmark = pytest.mark.unit
 
@@ -111,6 +112,20 @@ def test_the_pooled_lru_bound() -> None:
     # the first request misses, the others hit the 10 shared blocks
     assert pooled_lru_hit_rate(trace, 100 * BS) == pytest.approx(30 * BS / (4 * (10 * BS + 1)))
     assert pooled_lru_hit_rate(trace, 5 * BS) < pooled_lru_hit_rate(trace, 100 * BS)
+
+
+def test_the_pooled_engine_holds_the_lru_bound_until_the_load_fills_its_kv() -> None:
+    """The cluster as one engine: at the trace's own load its cache gets what one LRU
+    of the cluster's KV gets; compressed 4x, its running requests hold the KV the
+    LRU bound counts as free cache, and it falls well below (Mooncake trace)."""
+    agentic = bundled_trace("agentic")
+    capacity = 8 * SimConfig("x", engine_state=False).engine.hardware.kv_capacity_tokens
+    lru = pooled_lru_hit_rate(agentic, capacity)
+    assert pooled_engine_hit_rate(agentic, 8) == pytest.approx(lru, rel=0.005)
+    mooncake = read_mooncake(Path(__file__).parent / "data/mooncake_synthetic_trace.jsonl.gz")
+    lru = pooled_lru_hit_rate(mooncake, capacity)
+    assert pooled_engine_hit_rate(mooncake, 8) == pytest.approx(lru, rel=0.005)
+    assert pooled_engine_hit_rate(mooncake, 8, speedup=4.0) < 0.85 * lru
 
 
 def test_the_best_policy_reaches_the_pooled_bound_and_records_what_the_engine_hits() -> None:
