@@ -42,13 +42,50 @@ def test_eff_is_max_of_shadow_and_real_while_fresh(
     s0, s1 = router.instance_state(0), router.instance_state(1)
     assert not s1.fresh
     assert not s1.stalled
-    assert s1.eff_num_requests == 0
-    assert s1.eff_pending_prefill == 0
-    assert s1.r_max_prefill_remaining is None
+    assert s1.r_max_prefill_remaining is None  # real-only signals: None once stale
     assert s1.r_kv_used_frac is None
     assert s0.eff_num_requests == 3
     assert s1.age_s is not None
     assert abs(s1.age_s - 0.6) < 1e-6
+    agentic_clock.advance(10.0)  # past others_hold_s too: the shadow alone
+    s1 = router.instance_state(1)
+    assert s1.eff_num_requests == 0
+    assert s1.eff_pending_prefill == 0
+    assert s1.others is None
+
+
+def test_a_stale_snapshot_keeps_the_others_load_for_others_hold_s(
+    make_router: MakeRouter,
+    make_request: MakeRequest,
+    make_engine_state: MakeEngineState,
+    agentic_clock: ManualClock,
+) -> None:
+    """Another router's requests, seen in the last snapshot, still count while the
+    engine's publisher is silent (a busy engine's big prefill step holds it), so the
+    engine does not look empty to a router that knows only its own requests. Its
+    own requests are its shadow's, before and after."""
+    router = make_router(2, others_hold_s=4.0)
+    router.add_request(make_request(1000), 1)
+    router.apply_engine_states(
+        {
+            "engine_0": make_engine_state(0),
+            "engine_1": make_engine_state(1, num_running=6, pending_prefill_tokens=9000),
+        }
+    )
+    assert router.instance_state(1).eff_num_requests == 6
+    agentic_clock.advance(3.0)  # stale, within the hold
+    router.add_request(make_request(2000), 1)
+    s1 = router.instance_state(1)
+    assert not s1.fresh
+    assert not s1.stalled
+    assert s1.eff_num_requests == 7  # 5 others' as last seen + 2 of its own now
+    assert s1.eff_pending_prefill == 8000 + 3000
+    assert s1.r_num_prefilling is None
+    assert router.decide(make_request(500)).worker == 0
+    agentic_clock.advance(1.5)  # past the hold: nothing is known of the others
+    s1 = router.instance_state(1)
+    assert s1.eff_num_requests == 2
+    assert s1.eff_pending_prefill == 3000
 
 
 def test_stale_right_after_big_prefill_reads_as_stalled(
@@ -68,8 +105,8 @@ def test_stale_right_after_big_prefill_reads_as_stalled(
     assert big.r_max_prefill_remaining is None  # real-only fields stay None when stale
     assert big.eff_pending_prefill == 120_000  # the big prefill stays visible
     assert not small.stalled
-    assert small.eff_pending_prefill == 0
-    agentic_clock.advance(20.0)  # after stall_hold_s it is merely unknown
+    assert small.eff_pending_prefill == 1_000  # as last seen, within others_hold_s (10 s)
+    agentic_clock.advance(20.0)  # after stall_hold_s and others_hold_s it is unknown
     assert not router.instance_state(0).stalled
     assert router.instance_state(0).eff_pending_prefill == 0
 

@@ -5,7 +5,8 @@ The effective-state rule (docs/design.md §3): while the real snapshot is fresh
 engine had *beyond the router's own reservations when the snapshot was
 taken* (`Unreserved`, never negative: requests of another router, a
 client that bypasses it, uncached work the prefix registry did not expect);
-the shadow alone otherwise. Comparing the snapshot with the shadow of its own
+once the snapshot is stale, the shadow now plus that `Unreserved` as last seen
+for `others_hold_s`, then the shadow alone. Comparing the snapshot with the shadow of its own
 instant, not of now, keeps the feed's lag out: a request the router
 dispatched or finished after the snapshot is not counted twice or missed,
 and when the router knows everything the engine has, the feed changes no
@@ -91,6 +92,7 @@ class InstanceState:
         "eff_pending_prefill",
         "fresh",
         "kv_free_tokens",
+        "others",
         "r_kv_used_frac",
         "r_max_prefill_remaining",
         "r_num_prefilling",
@@ -108,6 +110,9 @@ class InstanceState:
     fresh: bool
     stalled: bool
     uses_real: bool  # loads read the real snapshot (fresh, or stalled)
+    # the snapshot's load beyond the router's own that the effective loads count:
+    # while fresh or stalled, and for `others_hold_s` after it went stale; else None
+    others: Unreserved | None
     # effective loads: shadow + unreserved while fresh (or stalled), else shadow
     eff_num_requests: int
     eff_pending_prefill: int
@@ -131,6 +136,8 @@ class InstanceState:
         fresh: bool = False,
         stalled: bool = False,
         unreserved: Unreserved = NONE_UNRESERVED,
+        *,
+        holds_others: bool = False,
     ) -> None:
         self.worker = worker
         self.shadow = shadow
@@ -139,9 +146,11 @@ class InstanceState:
         self.fresh = fresh
         self.stalled = stalled
         s_ongoing = shadow.pending_prefill_tokens + shadow.ongoing_decode_tokens
-        if real is not None and (fresh or stalled):
+        counted = real is not None and (fresh or stalled or holds_others)
+        self.others = unreserved if counted else None
+        if self.others is not None:
             u = unreserved
-            self.uses_real = True
+            self.uses_real = fresh or stalled
             self.eff_num_requests = shadow.num_requests + u.requests
             self.eff_pending_prefill = shadow.pending_prefill_tokens + u.pending_prefill
             self.eff_ongoing_decode = shadow.ongoing_decode_tokens + u.decode_tokens
@@ -210,7 +219,31 @@ class InstanceState:
         if real is None:
             return InstanceState(worker, shadow)
         age, fresh, stalled = InstanceState.flags(real, now, rules)
-        return InstanceState(worker, shadow, real, age, fresh, stalled, unreserved)
+        holds = InstanceState.counts_others(age, fresh, stalled, rules)
+        return InstanceState(
+            worker, shadow, real, age, fresh, stalled, unreserved, holds_others=holds
+        )
+
+    def built_from(
+        self, shadow: WorkerLoad, real: EngineState, fresh: bool, stalled: bool, holds: bool
+    ) -> bool:
+        """Whether this state is what `build` would make of these inputs now."""
+        return (
+            self.shadow is shadow
+            and self.real is real
+            and self.fresh == fresh
+            and self.stalled == stalled
+            and (self.others is not None) == holds
+        )
+
+    @staticmethod
+    def counts_others(age: float, fresh: bool, stalled: bool, rules: RealStateRules) -> bool:
+        """Whether the snapshot's load beyond the router's own (`Unreserved`) counts: while
+        it is fresh or stalled, and for `others_hold_s` after it went stale. A publisher
+        that goes silent is most often an engine busy with a big prefill step; read as
+        the router's own load alone, it looked nearly empty to routers that do not
+        share their reservations, and each sent it more."""
+        return fresh or stalled or age <= rules.others_hold_s
 
     def real_fields(self, now: float | None = None) -> dict[str, Any]:
         """The real-state fields a decision used (for the decision record);

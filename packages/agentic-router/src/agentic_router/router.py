@@ -245,6 +245,7 @@ class Router(WorkerChanges, ReplicaApply):
         between two decisions); `age_s` of a reused one is as of when it was built."""
         load, real, rules, cache = self.registry.load, self._real, self._rules, self._inst_cache
         flags = InstanceState.flags
+        counts_others = InstanceState.counts_others
         out: list[InstanceState] = []
         for w in workers:
             sh = load(w)
@@ -255,14 +256,11 @@ class Router(WorkerChanges, ReplicaApply):
                     c = cache[w] = InstanceState(w, sh)
             else:
                 age, fresh, stalled = flags(r, now, rules)
-                if (
-                    c is None
-                    or c.shadow is not sh
-                    or c.real is not r
-                    or c.fresh != fresh
-                    or c.stalled != stalled
-                ):
-                    c = cache[w] = InstanceState(w, sh, r, age, fresh, stalled, self._unreserved[w])
+                holds = counts_others(age, fresh, stalled, rules)
+                if c is None or not c.built_from(sh, r, fresh, stalled, holds):
+                    c = cache[w] = InstanceState(
+                        w, sh, r, age, fresh, stalled, self._unreserved[w], holds_others=holds
+                    )
             out.append(c)
         return out
 

@@ -150,3 +150,46 @@ def test_replay_runs_replicas_and_says_so(
     assert run["label"] == "unified/feed-off/3rep-20ms"
     assert sum(run["replication"]["requests_per_replica"]) == 60
     assert run["completed"] == 60
+
+
+def test_routers_that_share_nothing_do_not_crowd_an_engine_whose_feed_went_silent() -> None:
+    """Four routers that share nothing but the feed, each with its own sessions (a
+    session-affine balancer). A busy engine's publisher goes silent in its big
+    prefill steps; read as that router's own requests alone, the engine looked
+    nearly empty to each of them: load_only sent 15 % of its requests to such an
+    engine, and with the feed its mean TTFT was a third above its feed-off one
+    (agentic at 2x, 8 engines). The others' load as last seen keeps counting
+    (`others_hold_s`), and the feed no longer makes it worse."""
+    from agentic_router.sim._load import at_load
+
+    point = at_load(bundled_trace(), 2.0)
+    means = {}
+    for feed in (False, True):
+        config = SimConfig(
+            "load_only",
+            engine_state=feed,
+            topology=Topology.parse("8"),
+            replicas=4,
+            replica_sync=False,
+            replica_spread="session",
+        )
+        sim = Simulation(point.trace, config)
+        picked_stale = decisions = 0
+        for router in sim.driver.replicas:
+            decide = router.decide
+
+            def counting(req, router=router, decide=decide):  # type: ignore[no-untyped-def]
+                nonlocal picked_stale, decisions
+                decision = decide(req)
+                state = router.instance_state(decision.worker)
+                decisions += 1
+                picked_stale += state.real is not None and not state.fresh
+                return decision
+
+            router.decide = counting  # type: ignore[method-assign]
+        run = sim.run()
+        ttfts = [r.first_token_time - r.arrival for r in run.requests]
+        means[feed] = sum(ttfts) / len(ttfts)
+        if feed:
+            assert picked_stale < 0.05 * decisions
+    assert means[True] <= means[False]
