@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agentic_router import Router, RouterConfig, RoutingRequest
 from agentic_router.migration import UnifiedV3Selector, thrash_metrics
+from agentic_router.pytest_plugin import MakeEngineState, MakeRouter
 
 BS = 64
 
@@ -107,3 +108,73 @@ def test_moved_decodes_count_on_their_target() -> None:
     m = thrash_metrics(r)
     assert m is not None
     assert m["decode_migrations"] == 1
+
+
+def homed(r: Router, worker: int, sessions: int, tag: str) -> None:
+    """`sessions` sessions whose last turn (64 blocks) ran on `worker`: its working set."""
+    for n in range(sessions):
+        blocks = tuple(range(10_000 * (n + 1), 10_000 * (n + 1) + 64))
+        rr = RoutingRequest(f"{tag}{n}", f"{tag}-s{n}", len(blocks) * BS, blocks, BS, 100)
+        r.add_request(rr, worker)
+        r.mark_prefill_completed(rr.request_id)
+        r.free(rr.request_id)
+
+
+def capped_router(capacity_tokens: int) -> Router:
+    return Router(
+        ["w0", "w1", "w2", "w3"],
+        "unified_v3",
+        config=RouterConfig(registry_capacity_tokens=capacity_tokens),
+        clock=lambda: 0.0,
+    )
+
+
+def test_no_move_onto_a_target_whose_sessions_fill_its_cache() -> None:
+    """The moved decode's KV (prompt + output) would evict prefixes the target's own
+    sessions return for: only a target with room for it beside them takes it."""
+    r = capped_router(20_000)  # 4096-token prompts: 3 homed sessions + the move do not fit
+    home_on(r, 0)
+    busy(r, 0, 6, "h")
+    for w in (1, 2, 3):
+        homed(r, w, 4, f"t{w}-")
+    assert r.decide(session_turn(r, "s-1")).decode_worker is None
+    r = capped_router(20_000)
+    home_on(r, 0)
+    busy(r, 0, 6, "h")
+    homed(r, 1, 4, "a")
+    homed(r, 2, 4, "b")
+    homed(r, 3, 2, "c")  # 8192 + 4496 tokens fit
+    assert r.decide(session_turn(r, "s-1")).decode_worker == 3
+
+
+def test_a_router_that_sees_the_engines_hold_more_counts_the_fleet_s_sessions(
+    make_router: MakeRouter, make_engine_state: MakeEngineState
+) -> None:
+    """Routers that share nothing each know their own sessions; when the feed shows the
+    engines holding 4x the router's own requests, a target's working set is taken as
+    4x what this router homed there."""
+
+    def decide(fleet_factor: int) -> int | None:
+        r = make_router(4, "unified_v3")
+        home_on(r, 0)
+        busy(r, 0, 6, "h")
+        for w in (1, 2, 3):
+            homed(r, w, 1, f"t{w}-")  # 4096 + 4496 tokens fit; 4 x 4096 + 4496 do not
+            busy(r, w, 1, f"d{w}-")
+        own = [r.instance_state(w).shadow.num_requests for w in range(4)]
+        r.apply_engine_states(
+            {
+                f"engine_{w}": make_engine_state(
+                    w,
+                    num_running=fleet_factor * own[w],
+                    num_decoding=fleet_factor * own[w],
+                    gpu_blocks_total=1000,  # 16-token blocks: the 16k-token cache
+                    gpu_blocks_free=1000,
+                )
+                for w in range(4)
+            }
+        )
+        return r.decide(session_turn(r, "s-1")).decode_worker
+
+    assert decide(1) in (1, 2, 3)  # the router's own load is all there is: room
+    assert decide(4) is None
