@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from agentic_router.pytest_plugin import MakeEngineState, MakeRequest, MakeRouter, ManualClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentic_router.instance import InstanceState
+from agentic_router.pytest_plugin import (
+    MakeEngineState,
+    MakeRequest,
+    MakeRouter,
+    ManualClock,
+    engine_state,
+)
+from agentic_router.types import RealStateRules
 
 
 def test_eff_is_max_of_shadow_and_real_while_fresh(
@@ -259,3 +270,34 @@ def test_a_stall_lasts_as_long_as_the_announced_prefill(
     assert work_ahead(router.instance_state(0), model, agentic_clock()) == 10_000
     agentic_clock.advance(1.5)  # 5.5 s: the prefill should be done
     assert not router.instance_state(0).stalled
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    backlog=st.integers(0, 400_000),
+    step_gap=st.floats(0.0, 20.0),
+    built_age=st.floats(-1.0, 40.0),
+    later=st.lists(st.floats(0.0, 30.0), min_size=1, max_size=6),
+    older=st.booleans(),
+)
+def test_a_state_reused_within_its_span_has_the_flags_a_new_one_would(
+    backlog: int, step_gap: float, built_age: float, later: list[float], older: bool
+) -> None:
+    """The router reuses a worker's state for the same snapshot while the clock stays in
+    `flags_span`; anywhere in that span the freshness, stall and others-hold flags are
+    what computing them again gives, so reuse never changes a decision."""
+    rules = RealStateRules()
+    fields: dict[str, object] = {"num_running": 2, "max_prefill_remaining": backlog}
+    if older:
+        fields.update(running_prefill_tokens=None, queued_prefill_tokens=None)
+    real = engine_state("engine_0", 100.0, last_step_ts=100.0 - step_gap, **fields)
+
+    def flags_at(now: float) -> tuple[bool, bool, bool]:
+        age, fresh, stalled = InstanceState.flags(real, now, rules)
+        return fresh, stalled, InstanceState.counts_others(age, fresh, stalled, rules)
+
+    built = real.ts + built_age
+    since, until_age = InstanceState.flags_span(real, built, rules)
+    for now in (built + d for d in later):
+        if since <= now and now - real.ts <= until_age:
+            assert flags_at(now) == flags_at(built)

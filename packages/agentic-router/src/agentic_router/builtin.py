@@ -224,7 +224,7 @@ class QueueDelayScorer:
         if not w:
             return [0.0] * len(ctx.candidates)
         m, now = self.model, ctx.now
-        ahead = [work_ahead(s, m, now) for s in ctx.states]
+        ahead = [work_ahead(s, m, now) if s.stalled else s.eff_pending_prefill for s in ctx.states]
         return [w * d for d in queue_delay(ctx.uncached_tokens, ahead, ctx.arrival_rates, m)]
 
 

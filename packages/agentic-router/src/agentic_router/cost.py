@@ -111,14 +111,21 @@ def predicted_ttft(
     """Predicted TTFT in seconds on each candidate (aligned lists)."""
     rate = model.prefill_tokens_per_s
     chunk = model.step_tokens
-    out = []
+    step_s, per_token = model.decode_step_s, model.decode_s_per_token
+    out: list[float] = []
+    append = out.append
     for s, u in zip(states, uncached, strict=True):
-        work = (work_ahead(s, model, now) if s.stalled else s.eff_pending_prefill) + u
-        steps = -(-work // chunk) if work > 0 else 1
-        t = work / rate + steps * model.decode_time_per_step(s)
         if s.stalled:
-            t += stuck_s(s)
-        out.append(t)
+            work = work_ahead(s, model, now) + u
+            extra = stuck_s(s)
+        else:
+            work = s.eff_pending_prefill + u
+            extra = 0.0
+        steps = -(-work // chunk) if work > 0 else 1
+        # decode interference per step: `TtftModel.decode_time_per_step`, inlined
+        per_step = step_s + per_token * s.eff_ongoing_decode if s.eff_num_decoding > 0 else 0.0
+        t = work / rate + steps * per_step
+        append(t + extra if extra else t)
     return out
 
 

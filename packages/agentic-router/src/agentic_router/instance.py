@@ -35,6 +35,7 @@ never pins live state. This module must not mutate anything.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,7 @@ class InstanceState:
         "real",
         "shadow",
         "stalled",
+        "until",
         "uses_real",
         "worker",
     )
@@ -110,6 +112,9 @@ class InstanceState:
     fresh: bool
     stalled: bool
     uses_real: bool  # loads read the real snapshot (fresh, or stalled)
+    # (from, to): the clock span over which `flags` and `counts_others` keep the values
+    # this state was built with, for the same snapshot (`flags_span`)
+    until: tuple[float, float]
     # the snapshot's load beyond the router's own that the effective loads count:
     # while fresh or stalled, and for `others_hold_s` after it went stale; else None
     others: Unreserved | None
@@ -138,8 +143,10 @@ class InstanceState:
         unreserved: Unreserved = NONE_UNRESERVED,
         *,
         holds_others: bool = False,
+        until: tuple[float, float] = (math.inf, -math.inf),
     ) -> None:
         self.worker = worker
+        self.until = until
         self.shadow = shadow
         self.real = real
         self.age_s = age_s
@@ -220,21 +227,39 @@ class InstanceState:
             return InstanceState(worker, shadow)
         age, fresh, stalled = InstanceState.flags(real, now, rules)
         holds = InstanceState.counts_others(age, fresh, stalled, rules)
+        until = InstanceState.flags_span(real, now, rules)
         return InstanceState(
-            worker, shadow, real, age, fresh, stalled, unreserved, holds_others=holds
+            worker, shadow, real, age, fresh, stalled, unreserved, holds_others=holds, until=until
         )
 
-    def built_from(
-        self, shadow: WorkerLoad, real: EngineState, fresh: bool, stalled: bool, holds: bool
-    ) -> bool:
-        """Whether this state is what `build` would make of these inputs now."""
+    def reusable(self, shadow: WorkerLoad, real: EngineState, now: float) -> bool:
+        """Whether `build` would make the same state of these inputs at `now`: the same
+        shadow and snapshot, and the clock still in the span its flags hold over."""
+        since, until_age = self.until
         return (
-            self.shadow is shadow
-            and self.real is real
-            and self.fresh == fresh
-            and self.stalled == stalled
-            and (self.others is not None) == holds
+            self.real is real
+            and self.shadow is shadow
+            and since <= now
+            and now - real.ts <= until_age
         )
+
+    @staticmethod
+    def flags_span(real: EngineState, now: float, rules: RealStateRules) -> tuple[float, float]:
+        """(now, the snapshot age up to which `flags` and `counts_others` keep their
+        values at `now`): each is a comparison `age <= bound`, so they are constant
+        between two of those bounds; a decision in that span reuses what an earlier one
+        built (`Router._states`)."""
+        age = now - real.ts
+        nxt = math.inf
+        for bound in (rules.max_age_s, rules.others_hold_s):
+            if age <= bound < nxt:
+                nxt = bound
+        big = real.max_prefill_remaining
+        if real.is_cache_aware and big >= rules.big_prefill_threshold:
+            bound = min(rules.stall_hold_s, big / rules.prefill_tokens_per_s)
+            if age <= bound < nxt:
+                nxt = bound
+        return now, nxt
 
     @staticmethod
     def counts_others(age: float, fresh: bool, stalled: bool, rules: RealStateRules) -> bool:

@@ -241,11 +241,11 @@ class Router(WorkerChanges, ReplicaApply):
 
     def _states(self, workers: list[int], now: float) -> list[InstanceState]:
         """InstanceStates for a decision, reusing a worker's previous one when its
-        shadow, snapshot and freshness/stall flags are unchanged (the common case
-        between two decisions); `age_s` of a reused one is as of when it was built."""
+        shadow and snapshot are the same objects and the clock is still in the span
+        over which its flags keep their values (the common case between two
+        decisions); `age_s` of a reused one is as of when it was built."""
         load, real, rules, cache = self.registry.load, self._real, self._rules, self._inst_cache
-        flags = InstanceState.flags
-        counts_others = InstanceState.counts_others
+        build, unreserved = InstanceState.build, self._unreserved
         out: list[InstanceState] = []
         for w in workers:
             sh = load(w)
@@ -254,13 +254,8 @@ class Router(WorkerChanges, ReplicaApply):
             if r is None:
                 if c is None or c.shadow is not sh or c.real is not None:
                     c = cache[w] = InstanceState(w, sh)
-            else:
-                age, fresh, stalled = flags(r, now, rules)
-                holds = counts_others(age, fresh, stalled, rules)
-                if c is None or not c.built_from(sh, r, fresh, stalled, holds):
-                    c = cache[w] = InstanceState(
-                        w, sh, r, age, fresh, stalled, self._unreserved[w], holds_others=holds
-                    )
+            elif c is None or not c.reusable(sh, r, now):
+                c = cache[w] = build(w, sh, r, now, rules, unreserved[w])
             out.append(c)
         return out
 
@@ -375,7 +370,7 @@ class Router(WorkerChanges, ReplicaApply):
                 raw = scorer.score(ctx)
                 if len(raw) != m:
                     raise ValueError(f"returned {len(raw)} scores for {m} candidates")
-                vals = [weight * float(v) for v in raw]
+                vals = list(map(float, raw)) if weight == 1.0 else [weight * float(v) for v in raw]
                 if not math.isfinite(math.fsum(vals)):  # any inf or nan makes the sum so
                     raise ValueError("returned a non-finite score")
             except Exception:
