@@ -99,8 +99,8 @@ class InstanceState:
         "r_num_prefilling",
         "real",
         "shadow",
+        "span",
         "stalled",
-        "until",
         "uses_real",
         "worker",
     )
@@ -114,7 +114,7 @@ class InstanceState:
     uses_real: bool  # loads read the real snapshot (fresh, or stalled)
     # (from, to): the clock span over which `flags` and `counts_others` keep the values
     # this state was built with, for the same snapshot (`flags_span`)
-    until: tuple[float, float]
+    span: tuple[float, float]
     # the snapshot's load beyond the router's own that the effective loads count:
     # while fresh or stalled, and for `others_hold_s` after it went stale; else None
     others: Unreserved | None
@@ -143,10 +143,10 @@ class InstanceState:
         unreserved: Unreserved = NONE_UNRESERVED,
         *,
         holds_others: bool = False,
-        until: tuple[float, float] = (math.inf, -math.inf),
+        span: tuple[float, float] = (math.inf, -math.inf),
     ) -> None:
         self.worker = worker
-        self.until = until
+        self.span = span
         self.shadow = shadow
         self.real = real
         self.age_s = age_s
@@ -227,15 +227,15 @@ class InstanceState:
             return InstanceState(worker, shadow)
         age, fresh, stalled = InstanceState.flags(real, now, rules)
         holds = InstanceState.counts_others(age, fresh, stalled, rules)
-        until = InstanceState.flags_span(real, now, rules)
+        span = InstanceState.flags_span(real, now, rules)
         return InstanceState(
-            worker, shadow, real, age, fresh, stalled, unreserved, holds_others=holds, until=until
+            worker, shadow, real, age, fresh, stalled, unreserved, holds_others=holds, span=span
         )
 
     def reusable(self, shadow: WorkerLoad, real: EngineState, now: float) -> bool:
         """Whether `build` would make the same state of these inputs at `now`: the same
         shadow and snapshot, and the clock still in the span its flags hold over."""
-        since, until_age = self.until
+        since, until_age = self.span
         return (
             self.real is real
             and self.shadow is shadow
