@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,41 @@ def test_feed_survives_a_dead_store(
         assert router.instance_state(0).real is None
     finally:
         redis_server.start()
+
+
+def test_the_feed_stops_when_the_store_client_swallows_the_cancel(tmp_path: Path) -> None:
+    """redis-py's asyncio client can swallow a cancel that lands mid-command; the feed's
+    loop must end anyway, or `serve` waits for it forever on SIGTERM (seen in CI)."""
+    from agentic_common import open_async_reader
+    from agentic_router import Router
+
+    reader = open_async_reader(f"file://{tmp_path}/state")
+    plain_read = reader.read_all
+    started = asyncio.Event()
+
+    async def swallowing_read() -> dict[str, object]:
+        started.set()
+        # a command in flight when the cancel lands, and a client that does not re-raise it
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        return await plain_read()  # type: ignore[return-value]
+
+    reader.read_all = swallowing_read  # type: ignore[method-assign,assignment]
+    router = Router(["a"], "load_only")
+
+    async def go() -> bool:
+        feed = StateFeed(router, reader, period_s=0.01)
+        feed.start()
+        await started.wait()
+        stop = asyncio.ensure_future(feed.stop())
+        await asyncio.wait({stop}, timeout=5)
+        return stop.done() and not feed.running
+
+    # a loop of its own, closed without waiting for what is left: a feed that does not
+    # stop fails the test instead of hanging it
+    loop = asyncio.new_event_loop()
+    try:
+        stopped = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    assert stopped

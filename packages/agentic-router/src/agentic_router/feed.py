@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from agentic_common import AsyncStateReader, EngineState, Freshness, open_async_reader
+from agentic_router._cancel import raise_if_cancelling
 from agentic_router._capped import TooLarge, read_capped
 from agentic_router.engine_metrics import engine_metrics, parse_prometheus_text
 
@@ -282,6 +283,7 @@ class StateFeed:
             except Exception:  # never let one bad poll end the feed
                 self.errors["exception"] += 1
                 log.exception("engine-state feed poll failed")
+            raise_if_cancelling()  # the store's client may have swallowed our cancel
             await asyncio.sleep(self.period_s)
 
     def start(self) -> None:
