@@ -635,3 +635,67 @@ def test_a_pool_created_at_run_time_is_shared_too(redis_uri: str, tmp_path: Path
             await _cancel(held)
 
     run(main())
+
+
+@pytest.mark.parametrize("loop", ["read", "publish"])
+def test_a_replica_link_stops_when_redis_py_swallows_the_cancel(
+    redis_uri: str,  # noqa: F811
+    loop: str,
+) -> None:
+    """redis-py's asyncio client can swallow a cancel that lands mid-command
+    (redis/redis-py#2028): the link's loops must end anyway, or `serve` waits for them
+    forever on SIGTERM."""
+    from agentic_router import Router
+    from agentic_router.replication import ReplicaSync
+    from agentic_router.server._replicas import ReplicaLink
+
+    async def go() -> bool:
+        router = Router(["a"], "load_only")
+        link = ReplicaLink(redis_uri, {"both": ReplicaSync(router, "r-test")})
+        link.start()
+        client = link._reader if loop == "read" else link._writer
+        plain = client.xread if loop == "read" else client.set
+        started = asyncio.Event()
+
+        async def swallow_once() -> None:
+            """A command in flight when the cancel lands, in a client that does not
+            re-raise it; the commands after it answer at once."""
+            if not started.is_set():
+                started.set()
+                with suppress(asyncio.CancelledError):
+                    await asyncio.sleep(10)
+
+        async def swallowing(*args: Any, **kwargs: Any) -> Any:
+            await swallow_once()
+            return await plain(*args, **kwargs)
+
+        if loop == "read":
+            client.xread = swallowing
+        else:  # the heartbeat's pipeline runs through execute()
+            pipeline = client.pipeline
+
+            def swallowing_pipeline(*args: Any, **kwargs: Any) -> Any:
+                pipe = pipeline(*args, **kwargs)
+                pipe_execute = pipe.execute
+
+                async def execute() -> Any:
+                    await swallow_once()
+                    return await pipe_execute()
+
+                pipe.execute = execute
+                return pipe
+
+            client.pipeline = swallowing_pipeline
+        await asyncio.wait_for(started.wait(), WAIT_S)
+        stop = asyncio.ensure_future(link.stop())
+        await asyncio.wait({stop}, timeout=5)
+        return stop.done()
+
+    # a loop of its own, closed without waiting for what is left: a link that does not
+    # stop fails the test instead of hanging it
+    event_loop = asyncio.new_event_loop()
+    try:
+        stopped = event_loop.run_until_complete(go())
+    finally:
+        event_loop.close()
+    assert stopped

@@ -63,15 +63,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentic_common import redact_uri, split_redis_uri
+from agentic_router._cancel import raise_if_cancelling
 from agentic_router.replication import ReplicaEvent, ReplicaSync, decode, encode
+from agentic_router.server._replica_target import ReplicaTarget, new_replica_id
 
 __all__ = ["ReplicaLink", "ReplicaTarget", "new_replica_id"]
 
 log = logging.getLogger("agentic_router.replicas")
 
-DEFAULT_PREFIX: Final = "{agentic}:replicas"
-DEFAULT_TIMEOUT_S: Final = 1.0
 #: stream entries kept (approximately): at 3 events per request and 1000 requests/s,
 #: about 15 s of history, for a replica that reconnects after a short outage
 STREAM_MAXLEN: Final = 50_000
@@ -86,47 +85,6 @@ BACKOFF_INITIAL_S: Final = 0.05
 BACKOFF_MAX_S: Final = 2.0
 
 EV, RESET, RESYNC, LEAVE = b"ev", b"reset", b"resync", b"leave"
-
-
-def new_replica_id() -> str:
-    """A random replica id: unique per process start, safe in a Redis key."""
-    return "r-" + secrets.token_hex(6)
-
-
-@dataclass(frozen=True)
-class ReplicaTarget:
-    """A parsed `--shared-state-uri`: redis-py's URL plus our options (`prefix`,
-    `timeout_ms` in the query string)."""
-
-    url: str
-    prefix: str = DEFAULT_PREFIX
-    timeout_s: float = DEFAULT_TIMEOUT_S
-
-    @classmethod
-    def parse(cls, uri: str) -> ReplicaTarget:
-        url, ours = split_redis_uri(uri, ("prefix", "timeout_ms"))
-        try:
-            timeout_s = int(ours.get("timeout_ms", DEFAULT_TIMEOUT_S * 1000)) / 1000
-        except ValueError:
-            raise ValueError(f"timeout_ms must be an integer: {redact_uri(uri)!r}") from None
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_ms must be positive: {redact_uri(uri)!r}")
-        return cls(url=url, prefix=ours.get("prefix") or DEFAULT_PREFIX, timeout_s=timeout_s)
-
-    @property
-    def redacted(self) -> str:
-        return redact_uri(self.url)
-
-    @property
-    def stream_key(self) -> str:
-        return f"{self.prefix}:events"
-
-    @property
-    def members_key(self) -> str:
-        return f"{self.prefix}:members"
-
-    def heartbeat_key(self, replica_id: str) -> str:
-        return f"{self.prefix}:hb:{replica_id}"
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:
@@ -472,6 +430,8 @@ class ReplicaLink:
                 delay = min(BACKOFF_MAX_S, delay * 2 if delay else BACKOFF_INITIAL_S)
                 next_beat = 0.0
                 continue
+            finally:
+                raise_if_cancelling()  # redis-py may have swallowed our cancel
             self._succeeded("publish")
             delay = 0.0
 
@@ -534,6 +494,8 @@ class ReplicaLink:
                 self._failed("read", exc)
                 delay = min(BACKOFF_MAX_S, delay * 2 if delay else BACKOFF_INITIAL_S)
                 continue
+            finally:
+                raise_if_cancelling()  # redis-py may have swallowed our cancel
             self._succeeded("read")
             delay = 0.0
             for _stream, entries in reply or ():
