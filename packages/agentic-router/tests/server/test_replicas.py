@@ -687,9 +687,11 @@ def test_a_replica_link_stops_when_redis_py_swallows_the_cancel(
 
             client.pipeline = swallowing_pipeline
         await asyncio.wait_for(started.wait(), WAIT_S)
+        loops = list(link._tasks)
         stop = asyncio.ensure_future(link.stop())
-        await asyncio.wait({stop}, timeout=5)
-        return stop.done()
+        await asyncio.wait({stop}, timeout=10)
+        # the loops themselves ended (stop() gives up on a loop after STOP_TIMEOUT_S)
+        return stop.done() and all(t.done() for t in loops)
 
     # a loop of its own, closed without waiting for what is left: a link that does not
     # stop fails the test instead of hanging it

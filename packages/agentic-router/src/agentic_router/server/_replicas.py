@@ -83,6 +83,7 @@ HOMES_KEPT: Final = 10_000  # session homes republished after a reset
 MEMBERS_WINDOW_S: Final = 600.0
 BACKOFF_INITIAL_S: Final = 0.05
 BACKOFF_MAX_S: Final = 2.0
+STOP_TIMEOUT_S: Final = 5.0  # how long stop() waits for its loops
 
 EV, RESET, RESYNC, LEAVE = b"ev", b"reset", b"resync", b"leave"
 
@@ -192,9 +193,13 @@ class ReplicaLink:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:  # bounded: a loop that lost its cancel must not hold the exit
+            done, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("replica sync: %s failed", task.get_name(), exc_info=task.exception())
+            for task in pending:
+                log.warning("replica sync: %s did not stop; left behind", task.get_name())
         if self._writer is not None and self.up:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._leave(), timeout=2 * self.target.timeout_s)
