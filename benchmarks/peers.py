@@ -60,17 +60,28 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 
 
 def _tree_cpu_seconds(pid: int) -> float:
-    """utime+stime of `pid` and every live descendant (a launcher may fork)."""
+    """CPU time of `pid` and every live descendant (a launcher may fork), summed over
+    their threads: each thread's on-CPU nanoseconds from /proc/.../schedstat, where
+    the kernel has it, else utime+stime in clock ticks (10 ms: at 300 requests of
+    ~600 us that is a 5 % step, which is why schedstat comes first)."""
     total = 0.0
     todo = [pid]
     tick = os.sysconf("SC_CLK_TCK")
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            for task in os.listdir(f"/proc/{p}/task"):
+            threads = os.listdir(f"/proc/{p}/task")
+            try:
+                ns = 0
+                for task in threads:
+                    with open(f"/proc/{p}/task/{task}/schedstat") as f:
+                        ns += int(f.read().split()[0])
+                total += ns / 1e9
+            except (FileNotFoundError, ValueError, IndexError):
+                with open(f"/proc/{p}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            for task in threads:
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo.extend(int(c) for c in f.read().split())
         except (FileNotFoundError, ProcessLookupError):

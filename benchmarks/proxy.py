@@ -31,17 +31,11 @@ import time
 from typing import Any
 
 import aiohttp
+from peers import _tree_cpu_seconds as _cpu_seconds  # threads included, ns precision
 
 from agentic_common.testing import free_port
 
 PROMPT_BYTES = 2048
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime + stime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _prompt(rng: random.Random) -> str:
