@@ -81,3 +81,19 @@ def test_what_a_bad_file_is_told(text: str, words: str) -> None:
 def test_an_empty_file_is_no_engines() -> None:
     assert parse_engines_file("") == []
     assert parse_engines_file("# nothing yet\n") == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- {url: http://carol:FilePw77@127.0.0.1:9101, role: both\n",  # YAML quotes the line
+        "- 'http://carol:FilePw77@h:1 x'\n",  # a URL with a space in it
+        "- url: http://carol:FilePw77@h:1\n  role: [both\n",
+    ],
+)
+def test_a_bad_file_is_refused_without_showing_an_engines_password(text: str) -> None:
+    with pytest.raises(EngineError) as info:
+        parse_engines_file(text)
+    message = str(info.value)
+    assert "FilePw77" not in message
+    assert "carol:***@" in message or "not valid YAML" in message

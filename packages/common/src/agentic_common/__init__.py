@@ -24,6 +24,7 @@ from agentic_common._uri import (
     open_async_reader,
     open_reader,
     open_writer,
+    redact_text,
     redact_uri,
     split_redis_uri,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "open_async_reader",
     "open_reader",
     "open_writer",
+    "redact_text",
     "redact_uri",
     "split_redis_uri",
     "text_table",

@@ -51,6 +51,28 @@ def redact_uri(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/@'\"<>]+)@")
+_CREDENTIAL_HEADER = re.compile(
+    r"((?:proxy-)?authorization|cookie|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)([^'\",)>\r\n]+)",
+    re.IGNORECASE,
+)
+
+
+def _masked_userinfo(match: re.Match[str]) -> str:
+    user, colon, _ = match.group(2).partition(":")
+    return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
+
+
+def redact_text(text: str) -> str:
+    """Free text (an exception's repr, a parser's message quoting its input) fit to
+    print: every URL's userinfo masked as `redact_uri` masks it, and the value of
+    every credential header it quotes (Authorization, Proxy-Authorization, Cookie,
+    X-Api-Key, Api-Key) replaced by `***`. aiohttp's ClientResponseError repr, for
+    one, carries the request's headers, an engine URL's Basic credentials included."""
+    text = _URL_USERINFO.sub(_masked_userinfo, text)
+    return _CREDENTIAL_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+
+
 def split_redis_uri(uri: str, options: Collection[str]) -> tuple[str, dict[str, str]]:
     """A redis:// or rediss:// URI split into redis-py's connection URL and the
     query parameters named in `options` (ours, not redis-py's). ValueError for

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yarl
 from aiohttp import web
 
-from agentic_common import redact_uri
+from agentic_common import redact_text, redact_uri
 from agentic_router.server._config import EngineSpec, ServerConfig
 from agentic_router.server._engine_http import Target
 from agentic_router.server._exposition import (
@@ -327,7 +327,9 @@ class Accounting:
         return str(max(1, math.ceil(wait)))
 
     def record_failure(self, ep: Endpoint, kind: str, message: str) -> None:
-        """A request met a failure of `ep` (passive)."""
+        """A request met a failure of `ep` (passive). `message` is redacted here: it is
+        often an exception's repr, which can quote the request's credentials."""
+        message = redact_text(message)
         self.telemetry.engine_failures.inc(ep.spec.engine_id, kind)
         self._breaker_moved(
             ep, ep.breaker.state, message, lambda: ep.breaker.failure(f"{kind}: {message}")
@@ -341,6 +343,7 @@ class Accounting:
             ep.breaker.health_ok()
             return
         ep.health_checks_failed += 1
+        problem = redact_text(problem)
         self.telemetry.engine_failures.inc(ep.spec.engine_id, "health")
         self._breaker_moved(
             ep, ep.breaker.state, problem, lambda: ep.breaker.health_failure(f"health: {problem}")

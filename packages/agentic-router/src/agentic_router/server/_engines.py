@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from agentic_common import is_engine_id, redact_uri
+from agentic_common import is_engine_id, redact_text, redact_uri
 
 log = logging.getLogger("agentic_router.server")
 
@@ -51,7 +51,8 @@ def check_engine_url(url: str) -> None:
     given is what requests and logs carry)."""
     if any(c <= " " or c == "\x7f" for c in url):
         raise EngineError(
-            f"engine URL must not hold whitespace or control characters, got {url!r}", "url"
+            f"engine URL must not hold whitespace or control characters, got {redact_text(url)!r}",
+            "url",
         )
     try:
         parts = urlsplit(url)
@@ -144,7 +145,8 @@ def parse_engines_file(text: str) -> list[EngineEntry]:
     try:
         data = yaml.safe_load(text) if text.strip() else []
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a bad date, deep nesting
-        folded = " ".join(str(exc).split())  # YAML's message spans lines
+        # YAML's message spans lines, and quotes the line it failed on: a URL's password
+        folded = redact_text(" ".join(str(exc).split()))
         raise EngineError(f"not valid YAML or JSON: {folded}") from None
     if isinstance(data, dict) and set(data) == {"engines"}:
         data = data["engines"]
