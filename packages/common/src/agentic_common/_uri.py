@@ -28,6 +28,13 @@ def default_uri() -> str:
 _SECRET_PARAM = re.compile(r"pass|token|secret|key|auth", re.IGNORECASE)
 
 
+def _masked(userinfo: str) -> str:
+    """A URL's userinfo, masked, with its `@`: the password becomes `***`; userinfo
+    without one (a token given as the user name) is masked whole."""
+    user, colon, _ = userinfo.partition(":")
+    return f"{user}:***@" if colon else "***@"
+
+
 def redact_uri(uri: str) -> str:
     """`uri` fit to print: its password (the userinfo's, or a credential query
     parameter) becomes `***`; userinfo without a password is masked whole.
@@ -41,8 +48,7 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+        netloc = _masked(userinfo) + host
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -58,18 +64,13 @@ _CREDENTIAL_HEADER = re.compile(
 )
 
 
-def _masked_userinfo(match: re.Match[str]) -> str:
-    user, colon, _ = match.group(2).partition(":")
-    return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
-
-
 def redact_text(text: str) -> str:
     """Free text (an exception's repr, a parser's message quoting its input) fit to
     print: every URL's userinfo masked as `redact_uri` masks it, and the value of
     every credential header it quotes (Authorization, Proxy-Authorization, Cookie,
     X-Api-Key, Api-Key) replaced by `***`. aiohttp's ClientResponseError repr, for
     one, carries the request's headers, an engine URL's Basic credentials included."""
-    text = _URL_USERINFO.sub(_masked_userinfo, text)
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + _masked(m.group(2)), text)
     return _CREDENTIAL_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
 
 
