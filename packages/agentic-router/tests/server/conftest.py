@@ -124,3 +124,19 @@ async def scrape(s: aiohttp.ClientSession, url: str) -> list[Sample]:
     samples = parse_prometheus_text(text, errors)
     assert not errors, (errors, text)
     return samples
+
+
+async def wait_listening(s: aiohttp.ClientSession, url: str, proc: subprocess.Popen[str]) -> None:
+    """Wait until the `serve` child answers GET /health (it must not exit meanwhile)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        assert proc.poll() is None, "serve exited"
+        try:
+            async with s.get(url + "/health") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        assert loop.time() < deadline, "serve never listened"
+        await asyncio.sleep(0.1)

@@ -30,7 +30,7 @@ from agentic_router.server._logging import (
 from agentic_router.server._request_id import CURRENT, set_message_suffix
 from agentic_router.server.testing import FakeEngine, running_router
 
-from .conftest import completion_body, config, eventually, run, scrape, serve
+from .conftest import completion_body, config, eventually, run, scrape, serve, wait_listening
 
 pytestmark = pytest.mark.e2e
 
@@ -141,7 +141,7 @@ def test_json_log_lines_parse_and_carry_the_request_id() -> None:
             try:
                 url = f"http://127.0.0.1:{port}"
                 async with aiohttp.ClientSession() as s:
-                    await _wait_listening(s, url, proc)
+                    await wait_listening(s, url, proc)
                     ok = {"X-Request-Id": "json-ok"}
                     async with s.post(
                         url + "/v1/completions", json=completion_body(), headers=ok
@@ -171,21 +171,6 @@ def test_json_log_lines_parse_and_carry_the_request_id() -> None:
     ], bad
     assert bad[1]["status"] == 400
     assert not any("request_id=" in r["message"] for r in records), out
-
-
-async def _wait_listening(s: aiohttp.ClientSession, url: str, proc: object) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while True:
-        assert proc.poll() is None, "serve exited"  # type: ignore[attr-defined]
-        try:
-            async with s.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        assert loop.time() < deadline, "serve never listened"
-        await asyncio.sleep(0.1)
 
 
 def test_jsonl_logs_rotate_without_losing_a_record(tmp_path: Path) -> None:
@@ -413,7 +398,7 @@ def test_a_session_id_cannot_forge_or_lose_a_log_line(fmt: str) -> None:
             try:
                 url = f"http://127.0.0.1:{port}"
                 async with aiohttp.ClientSession() as s:
-                    await _wait_listening(s, url, proc)
+                    await wait_listening(s, url, proc)
                     for user in (forged, lone):
                         body = json.dumps(completion_body(user=user)).encode()
                         async with s.post(

@@ -54,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
             "--admin-token on the command line is visible to every local user (ps); "
             "use --admin-token-file or AGENTIC_ADMIN_TOKEN"
         )
-    from aiohttp import web
 
     from agentic_router.server._app import create_app
 
@@ -69,19 +68,23 @@ def run(args: argparse.Namespace) -> int:
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(_serve(app, config))
-    except (web.GracefulExit, KeyboardInterrupt):
+    except KeyboardInterrupt:  # before the signal handlers were installed
         return 0
     finally:
         _close_loop(loop)
 
 
 async def _serve(app: Any, config: ServerConfig) -> int:
-    """Start the app, listen, log "serving" once listening, run until a signal."""
+    """Start the app, listen, log "serving" once listening, run until a signal, then
+    stop gracefully (server/_shutdown.py)."""
     from aiohttp import web
 
-    from agentic_router.server._app import make_runner
+    from agentic_router.server._app import PROXY, make_runner
+    from agentic_router.server._shutdown import CUT_S, StopSignals, stop_gracefully
 
-    runner = make_runner(app, handle_signals=True)
+    # aiohttp's own shutdown (after ours) gives a connection this long to end its answer
+    runner = make_runner(app, shutdown_timeout=CUT_S)
+    signals: StopSignals | None = None
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)
@@ -104,10 +107,16 @@ async def _serve(app: Any, config: ServerConfig) -> int:
             config.policy,
             redact_uri(config.engine_state_uri) if config.engine_state_uri else "off",
         )
-        await asyncio.Event().wait()  # until SIGINT / SIGTERM (GracefulExit)
+        # Until listening, a signal stops the process at once (nothing is in flight).
+        signals = StopSignals()
+        await signals.first.wait()
+        handlers = app[PROXY].acct.handlers
+        await stop_gracefully(runner, handlers, config.shutdown_timeout_s, signals.now)
         return 0
     finally:
         await runner.cleanup()
+        if signals is not None:
+            signals.remove()
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:

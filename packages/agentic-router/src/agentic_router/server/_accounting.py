@@ -38,6 +38,7 @@ from agentic_router.server._exposition import (
 from agentic_router.server._health import CLOSED, Breaker
 from agentic_router.server._parse import ParsedRequest
 from agentic_router.server._routing import RoutingCore
+from agentic_router.server._shutdown import Handlers
 
 if TYPE_CHECKING:
     from agentic_router._logs import JsonlLogs
@@ -280,6 +281,7 @@ class Accounting:
         # draining engines to remove once idle (the worker set checks after each request)
         self.pending_removal: set[int] = set()
         self.on_idle: Callable[[], None] = lambda: None
+        self.handlers = Handlers()  # the request handlers running, for a graceful stop
 
     def no_engine_message(self) -> str | None:
         """Why no engine can be picked when a role has no active engine at all (none

@@ -76,6 +76,7 @@ from agentic_router.server._request_id import (
     new_id,
 )
 from agentic_router.server._routing import RoutingCore
+from agentic_router.server._shutdown import SHUTTING_DOWN
 from agentic_router.server._upstream import EngineClient, json_error
 from agentic_router.server._workers import WorkerSet
 
@@ -247,8 +248,9 @@ class Proxy:
                     response = await serve(self.client, ctx)
                     return response
                 except (asyncio.CancelledError, ConnectionResetError):
-                    # The client went away (every reservation was freed on the way out).
-                    acct.count(ctx, "client_disconnect")
+                    # The client went away, or the router stops (every reservation was
+                    # freed on the way out).
+                    acct.count(ctx, "shutdown" if acct.handlers.cut else "client_disconnect")
                     raise
                 finally:
                     stored_on = ctx.decode_worker or ctx.worker  # the engine that answered
@@ -435,10 +437,14 @@ async def errors_as_json(
     aiohttp, which may be mid-stream.
 
     Also tells the connection protocol when a handler starts (the request head is
-    in; the body has what is left of the read deadline) and ends."""
+    in; the body has what is left of the read deadline) and ends, and keeps the
+    set of handlers running, which a graceful stop waits for and then ends: one it
+    ends before its answer started gets a 503 saying so."""
     protocol = request.protocol if isinstance(request.protocol, RouterProtocol) else None
     if protocol is not None:
         protocol.head_received()
+    handlers = request.app[PROXY].acct.handlers
+    task = handlers.enter()
     try:
         return await end_if_unread(request, await handler(request))
     except web.HTTPException as exc:
@@ -446,7 +452,14 @@ async def errors_as_json(
             raise
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         return await refuse(request, exc.status, exc.reason, headers=headers)
+    except asyncio.CancelledError:
+        if not handlers.absorb_cut():
+            raise
+        cut = json_error(503, SHUTTING_DOWN, headers={"Retry-After": "1"})
+        cut.force_close()
+        return cut
     finally:
+        handlers.leave(task)
         if protocol is not None:
             protocol.request_done()
 

@@ -239,6 +239,14 @@ class ServerConfig:
     stream_idle_timeout_s: float = setting(
         300.0, "longest silence allowed between stream chunks", check=positive
     )
+    shutdown_timeout_s: float = setting(
+        25.0,
+        "on SIGTERM / SIGINT: how long the requests in flight get to finish (no new connections "
+        "meanwhile); those left then get a 503 or a stream error event. A second signal ends "
+        "them at once",
+        check=non_negative,
+        why="under Kubernetes' default 30 s grace period",
+    )
     max_retries: int = setting(
         1,
         "retries on another engine for a request that has not started streaming",

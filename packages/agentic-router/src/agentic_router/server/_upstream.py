@@ -44,6 +44,7 @@ from agentic_router.server._engine_http import (
     engine_pool_available,
 )
 from agentic_router.server._parse import RESPONSES, error_body
+from agentic_router.server._shutdown import SHUTTING_DOWN
 from agentic_router.server._sse import SseEvents, response_id_in, response_id_of, sse_events
 
 log = logging.getLogger("agentic_router.server")
@@ -511,10 +512,18 @@ class EngineClient:
                             "stream_truncated",
                             f"engine {engine} ended the stream without [DONE]",
                         )
-                except (ConnectionResetError, asyncio.CancelledError):
-                    # The client left (or the deadline fired): close the upstream
-                    # connection so the engine aborts the request.
+                except (ConnectionResetError, asyncio.CancelledError) as exc:
+                    # The client left (or the deadline fired, or the router stops):
+                    # close the upstream connection so the engine aborts the request.
                     upstream.close()
+                    if (
+                        isinstance(exc, asyncio.CancelledError)
+                        and not deadline.expired
+                        and acct.handlers.absorb_cut()
+                    ):
+                        acct.count(ctx, "shutdown")
+                        await _to_client(ctx, 1.0, stream_error(out, tail, 503, SHUTTING_DOWN))
+                        return out
                     raise
         except TimeoutError:
             upstream.close()

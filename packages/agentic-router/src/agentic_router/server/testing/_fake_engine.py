@@ -188,7 +188,10 @@ class FakeEngine(OpenAIExtras, Handshakes):
         return self
 
     async def _serve(self, app: web.Application, sock: socket.socket) -> None:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        # a client that leaves cancels its request, as vLLM's and SGLang's servers abort it
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True
+        )
         await runner.setup()
         await web.SockSite(runner, sock).start()
         self._runners.append(runner)
