@@ -329,6 +329,32 @@ def test_a_request_not_received_within_the_read_deadline_gets_408_and_is_closed(
     run(main())
 
 
+@pytest.mark.parametrize(
+    "after",
+    [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"],
+    ids=["idle", "a-pipelined-head-left-unfinished"],
+)
+def test_a_connection_idle_after_its_answer_is_closed_at_the_keepalive_timeout(
+    after: bytes,
+) -> None:
+    """A client that got its answer and then sends nothing, or only the start of a
+    next request's head, does not hold its connection (a file descriptor) for
+    aiohttp's default hour: it is closed after keepalive_timeout_s."""
+
+    async def main() -> None:
+        cfg = config(engines=["http://127.0.0.1:9"], keepalive_timeout_s=0.5)
+        async with running_router(cfg) as r:
+            reader, writer = await _connect(r)
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" + after)
+            await writer.drain()
+            status, _, _ = await _read_response(reader)
+            assert status in (200, 503)
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+
+    run(main())
+
+
 def test_oversized_and_too_many_large_bodies_are_refused_before_reading() -> None:
     """A Content-Length above max_body_bytes gets 413 before any body byte is
     sent; a chunked body is cut off at the limit; and bodies that together would

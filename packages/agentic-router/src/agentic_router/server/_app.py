@@ -97,6 +97,7 @@ def make_runner(app: web.Application, **options: Any) -> RouterRunner:
         read_timeout_s=proxy.config.request_read_timeout_s,
         on_client_error=proxy.count_client_error,
         request_id_header=proxy.config.request_id_header,
+        keepalive_timeout=proxy.config.keepalive_timeout_s,
         **{**RUNNER_OPTIONS, **options},
     )
 

@@ -221,6 +221,13 @@ class ServerConfig:
         "byte, or from connecting; then 408 and the connection is closed",
         check=positive,
     )
+    keepalive_timeout_s: float = setting(
+        75.0,
+        "how long a client connection may stay idle between an answer and its next request "
+        "(a request head begun and left unfinished included) before it is closed",
+        check=positive,
+        why="nginx's default, above the 60 s idle timeout of common load balancers",
+    )
     max_inflight: int = setting(
         4096,
         "requests being routed or answered at once (counted once the body is read); more get 503",
