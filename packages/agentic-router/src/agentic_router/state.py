@@ -132,6 +132,10 @@ class _WorkerBlocks:
     lru: OrderedDict[int, float] = field(default_factory=OrderedDict)
 
 
+#: the arrival terms' epoch moves on at this many rate windows old (exp(709) overflows)
+_EPOCH_SPAN: Final = 500.0
+
+
 class PromptRegistry:
     """Derived read model: per-worker load projection, which worker holds which
     prefix blocks, and each session's home worker. Bounded memory.
@@ -164,7 +168,11 @@ class PromptRegistry:
         # session -> (home, its last prompt tokens, last seen), order = recency
         self._active: OrderedDict[str, tuple[int, int, float]] = OrderedDict()
         self._working_set = [0] * num_workers
-        self._arrivals = [(0.0, 0.0)] * num_workers  # (decayed count, when)
+        # per worker, the sum of exp((t - epoch) / window) over its arrivals' times t:
+        # times exp((epoch - now) / window) it is the decayed count at `now` (one exp
+        # a decision, not one per worker; the epoch moves on before terms overflow)
+        self._arrivals = [0.0] * num_workers
+        self._epoch = 0.0
         self.capacity_tokens = [capacity_tokens] * num_workers
         self._default_capacity = capacity_tokens  # a joining worker's, until it reports its own
         self._block_tokens = [1] * num_workers  # tokens per block of the latest touch
@@ -183,7 +191,7 @@ class PromptRegistry:
     def add_worker(self) -> None:
         """Grow every per-worker array by one worker (appended slot)."""
         self._working_set.append(0)
-        self._arrivals.append((0.0, 0.0))
+        self._arrivals.append(0.0)
         self.capacity_tokens.append(self._default_capacity)
         self._block_tokens.append(1)
         self._workers.append(_WorkerBlocks())
@@ -208,7 +216,7 @@ class PromptRegistry:
         for sid in [s for s, (w, _, _) in self._active.items() if w == worker]:
             del self._active[sid]
         self._working_set[worker] = 0
-        self._arrivals[worker] = (0.0, 0.0)
+        self._arrivals[worker] = 0.0
 
     # -- load projection -------------------------------------------------
     def project_load(self, worker: int, load: WorkerLoad) -> None:
@@ -216,28 +224,27 @@ class PromptRegistry:
 
     def note_arrival(self, worker: int, now: float) -> None:
         """A request was placed on the worker (for its arrival rate)."""
-        value, last = self._arrivals[worker]
-        self._arrivals[worker] = (
-            value * math.exp(min(0.0, last - now) / self.rate_window_s) + 1,
-            now,
-        )
+        if now - self._epoch > _EPOCH_SPAN * self.rate_window_s:
+            scale = math.exp((self._epoch - now) / self.rate_window_s)
+            self._arrivals = [a * scale for a in self._arrivals]
+            self._epoch = now
+        self._arrivals[worker] += math.exp((now - self._epoch) / self.rate_window_s)
+
+    def _rate_scale(self, now: float) -> float:
+        """What an arrival term is multiplied by for the rate at `now`."""
+        win = self.rate_window_s
+        return math.exp(min(0.0, self._epoch - now) / win) / win
 
     def arrival_rate(self, worker: int, now: float) -> float:
         """Requests placed on the worker per second, exponentially weighted over
         `rate_window_s`."""
-        value, last = self._arrivals[worker]
-        return value * math.exp(min(0.0, last - now) / self.rate_window_s) / self.rate_window_s
+        return self._arrivals[worker] * self._rate_scale(now)
 
     def arrival_rates(self, workers: Sequence[int], now: float) -> list[float]:
         """`arrival_rate` of each of `workers` (one pass, for a decision's candidates)."""
+        scale = self._rate_scale(now)
         arrivals = self._arrivals
-        win = self.rate_window_s
-        exp = math.exp
-        out = []
-        for w in workers:
-            value, last = arrivals[w]
-            out.append(value * exp(min(0.0, last - now) / win) / win)
-        return out
+        return [arrivals[w] * scale for w in workers]
 
     def load(self, worker: int) -> WorkerLoad:
         return self._loads[worker]
