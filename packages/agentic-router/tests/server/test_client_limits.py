@@ -355,6 +355,51 @@ def test_a_connection_idle_after_its_answer_is_closed_at_the_keepalive_timeout(
     run(main())
 
 
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_compressed_body_is_charged_what_it_decodes_to(framing: str) -> None:
+    """A gzip body counts against max_buffered_body_bytes at its decoded size, which
+    the router holds, not at its Content-Length: with one 700 KB body (sent as a few
+    KB of gzip) in flight, a second one does not fit a 1 MB budget (the audit held 24 MiB
+    per 23 KiB upload, eight at once within a 32 MiB budget)."""
+    import gzip
+
+    async def main() -> None:
+        raw = json.dumps(completion_body(prompt="a" * (700 << 10))).encode()
+        packed = gzip.compress(raw)
+        assert len(packed) < 16 << 10
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+
+        async def parts() -> Any:
+            yield packed
+
+        async with FakeEngine("vllm") as eng:
+            eng.faults.hang = True  # the first request stays in flight, holding its body
+            cfg = config(
+                engines=[eng.url],
+                max_body_bytes=1 << 20,
+                max_buffered_body_bytes=1 << 20,
+                first_byte_timeout_s=5.0,
+                max_retries=0,
+            )
+            async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+
+                async def post() -> tuple[int, Any]:
+                    data = packed if framing == "length" else parts()
+                    async with s.post(r.url + "/v1/completions", data=data, headers=headers) as a:
+                        return a.status, await a.json()
+
+                first = asyncio.create_task(post())
+                await eventually(lambda: r.proxy.inflight == 1, "the first request in flight")
+                assert r.proxy.body_budget.held >= len(raw)
+                status, body = await post()
+                assert status == 503, body
+                assert "max_buffered_body_bytes" in body["error"]["message"]
+                first.cancel()
+                await eventually(lambda: r.proxy.body_budget.held == 0, "the budget given back")
+
+    run(main())
+
+
 def test_oversized_and_too_many_large_bodies_are_refused_before_reading() -> None:
     """A Content-Length above max_body_bytes gets 413 before any body byte is
     sent; a chunked body is cut off at the limit; and bodies that together would

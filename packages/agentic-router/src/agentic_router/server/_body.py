@@ -7,9 +7,10 @@ forward the bytes more than once). Three bounds keep that safe:
   before a byte is read; a chunked body is cut off when it passes it (413).
 - `max_buffered_body_bytes`: the bytes of every body being read or in flight
   at once (`BodyBudget`). A request is admitted to read only if its
-  Content-Length fits (a chunked one takes budget as its chunks arrive);
-  else 503 at once, so many large uploads cannot grow the process without
-  bound. The request gives its bytes back when it is done.
+  Content-Length fits (a chunked one takes budget as its chunks arrive, and
+  so does what a compressed body decodes to beyond its Content-Length);
+  else 503, so many large uploads cannot grow the process without bound.
+  The request gives its bytes back when it is done.
 - the read deadline (`request_read_timeout_s`, from the connection protocol):
   a client that has not sent the whole body by then gets 408 and the
   connection is closed.
@@ -93,8 +94,7 @@ class BodyReader:
                 raise BadRequest(
                     f"request body exceeds max_body_bytes={self.max_bytes}", status=413
                 )
-            if length is None:
-                self._take(len(data))
+            self._cover(len(data))
             return data
         chunks: list[bytes] = []
         size = 0
@@ -106,8 +106,7 @@ class BodyReader:
                         raise BadRequest(
                             f"request body exceeds max_body_bytes={self.max_bytes}", status=413
                         )
-                    if length is None:
-                        self._take(len(chunk))
+                    self._cover(size)
                     chunks.append(chunk)
         except web.RequestPayloadError as exc:  # e.g. a malformed chunk
             raise _malformed(request, exc) from None
@@ -117,6 +116,13 @@ class BodyReader:
                 status=408,
             ) from None
         return b"".join(chunks)
+
+    def _cover(self, size: int) -> None:
+        """Hold at least the `size` bytes read so far: a chunked body's, or a
+        compressed one's (Content-Encoding), which aiohttp decodes and which can be
+        far larger than the Content-Length taken up front."""
+        if size > self.held:
+            self._take(size - self.held)
 
     def _take(self, n: int) -> None:
         if not self.budget.take(n):
