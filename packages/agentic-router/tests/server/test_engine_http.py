@@ -337,6 +337,23 @@ def test_credentials_in_the_engine_url_replace_the_clients_authorization(client:
     run(main())
 
 
+@CLIENTS
+def test_an_engine_url_that_is_not_ascii_is_sent_encoded(client: str) -> None:
+    """The router's own client cannot write a non-ASCII request line: such a URL
+    (an IDN host, a path with a non-ASCII character) goes through aiohttp, which
+    percent-encodes it. It was a 500 for every request routed there."""
+
+    async def main() -> None:
+        async with (
+            ScriptedEngine(answer_ok) as e,
+            running_router(config(engines=[e.url + "/ä"], engine_client=client)) as r,
+        ):
+            assert await post(r.url, completion_body()) == (200, ANSWER)
+        assert e.posts[0].startswith(b"POST /%C3%A4/v1/completions HTTP/1.1\r\n"), e.posts[0]
+
+    run(main())
+
+
 def test_a_stream_read_slower_than_it_arrives_pauses_the_connection() -> None:
     """An engine streaming faster than the router relays: reading stops while 1 MiB
     waits unread, and every byte still arrives, in order."""

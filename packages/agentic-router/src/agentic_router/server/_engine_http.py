@@ -83,14 +83,15 @@ class Target:
 
     @staticmethod
     def of(url: str) -> Target | None:
-        """The target of a plain http:// URL; None for any other (https)."""
+        """The target of a plain http:// URL; None for any other (https, or one whose
+        host or path is not ASCII: aiohttp sends those, IDNA- and percent-encoded)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             return None
         port = parts.port or 80
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rpartition("@")[2]
-        if any(c in _UNSAFE or c == " " for c in path + host):
+        if not (path + host).isascii() or any(c in _UNSAFE or c == " " for c in path + host):
             return None
         head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("ascii", "strict")
         if parts.username is None:
