@@ -484,6 +484,28 @@ def test_pd_router_made_errors_name_both_engines_of_the_last_attempt() -> None:
     run(main())
 
 
+@pytest.mark.parametrize(("flavor", "status", "want"), [
+    ("vllm", 503, 503), ("vllm", 504, 504), ("vllm", 500, 502),
+    ("sglang", 503, 503), ("sglang", 500, 502),
+])  # fmt: skip
+def test_a_prefill_engines_5xx_reaches_the_client_as_an_aggregated_engines_does(
+    flavor: str, status: int, want: int
+) -> None:
+    """operations.md: 503 (504) when the engine answered 503 (504), else 502. A
+    prefill engine's 503 used to reach the client as a 502."""
+
+    async def main() -> None:
+        p = FakeEngine(flavor, role="prefill")  # type: ignore[arg-type]
+        d = FakeEngine(flavor, role="decode")  # type: ignore[arg-type]
+        p.faults.fail_status = status
+        cfg = config(prefill=[p.url], decode=[d.url], pd_protocol=flavor, max_retries=0)
+        async with p, d, running_router(cfg) as r:
+            got, _, data = await _post(r.url, completion_body())
+            assert "prefill_0" in _router_error(got, data, want)
+
+    run(main())
+
+
 # ---- P/D admission feedback: a refusal is never an admission ----
 
 

@@ -178,7 +178,8 @@ async def _read_prefill(
         text = data[:500].decode("utf-8", "replace")
         retriable = status >= 500 or status == 429  # another pair may take it
         failure = EngineFailure(
-            status if status < 500 else 502,
+            # as from an aggregated engine: its 503 / 504 say so, any other 5xx is a 502
+            status if status < 500 or status in RETRIABLE_STATUS else 502,
             f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
             retriable=retriable,
             answer=None if status >= 500 else data,
