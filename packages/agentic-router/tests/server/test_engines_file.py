@@ -97,3 +97,22 @@ def test_a_bad_file_is_refused_without_showing_an_engines_password(text: str) ->
     message = str(info.value)
     assert "FilePw77" not in message
     assert "carol:***@" in message or "not valid YAML" in message
+
+
+@pytest.mark.parametrize("field", ["role", "engine_id", "url"])
+def test_a_yaml_alias_bomb_is_refused_in_a_short_message(field: str) -> None:
+    """Four hundred bytes of nested YAML aliases expand to 43 million items: the
+    error message shows the value cut short, instead of a repr of hundreds of MB
+    (the watcher logged a 242 MiB line and peaked at 600 MB)."""
+    names = "abcdefgh"
+    parts = ["&a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, len(names)):
+        parts.append(f"&{names[i]} [" + ", ".join([f"*{names[i - 1]}"] * 9) + "]")
+    bomb = f"[{', '.join(parts)}]"
+    url = "http://127.0.0.1:8000" if field != "url" else bomb
+    extra = f"\n  {field}: {bomb}" if field != "url" else ""
+    text = f"- url: {url}{extra}\n"
+    assert len(text) < 600
+    with pytest.raises(EngineError) as caught:
+        parse_engines_file(text)
+    assert len(str(caught.value)) < 400, len(str(caught.value))

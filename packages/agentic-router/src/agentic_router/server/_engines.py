@@ -10,6 +10,7 @@ file at start through `startup_file_engines`).
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,13 @@ ROLES: Final = ("both", "prefill", "decode")
 #: the default engine id of the i-th engine of each role (engine_0, prefill_0, ...)
 ID_PREFIX: Final = {"both": "engine_", "prefill": "prefill_", "decode": "decode_"}
 
+# A bad value as an error message shows it: cut short. A few hundred bytes of YAML
+# aliases expand to a structure whose full repr is hundreds of MB (one log line).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 2, 4, 4
+_SHORT.maxstring = _SHORT.maxother = 80
+shown = _SHORT.repr
+
 
 class EngineError(ValueError):
     """An engine given wrong (a bad URL, role or id); the message says what, and
@@ -39,7 +47,7 @@ def check_engine_id(engine_id: str) -> None:
     """An engine id the feed, the logs and the X-Agentic-Worker header can carry."""
     if not is_engine_id(engine_id):
         raise EngineError(
-            f"engine id {engine_id!r} is not valid: letters, digits and _.:@+- only, "
+            f"engine id {shown(engine_id)} is not valid: letters, digits and _.:@+- only, "
             "starting with a letter or digit, at most 128",
             "engine_id",
         )
@@ -78,13 +86,13 @@ class EngineEntry:
             if self.role not in ("prefill", "decode"):
                 raise EngineError(
                     f"engine {redact_uri(self.url)}: this router runs prefill/decode, so the "
-                    f"role must be prefill or decode, got {self.role!r}"
+                    f"role must be prefill or decode, got {shown(self.role)}"
                 )
             return self.role
         if self.role not in (None, "both"):
             raise EngineError(
                 f"engine {redact_uri(self.url)}: this router runs aggregated, so the role must "
-                f"be both (or left out), got {self.role!r}"
+                f"be both (or left out), got {shown(self.role)}"
             )
         return "both"
 
@@ -102,7 +110,9 @@ def engine_entry(value: Any) -> EngineEntry:
         else:
             entry = EngineEntry(url=value.strip().rstrip("/"))
     elif isinstance(value, dict):
-        unknown = sorted(str(k) for k in value if k not in _ENTRY_KEYS)
+        unknown = sorted(
+            k if isinstance(k, str) else shown(k) for k in value if k not in _ENTRY_KEYS
+        )
         if unknown:
             raise EngineError(
                 f"unknown engine field(s) {', '.join(unknown)}; known: url, role, engine_id"
@@ -114,10 +124,10 @@ def engine_entry(value: Any) -> EngineEntry:
         if not isinstance(url, str) or not url:
             raise EngineError("an engine needs url: a string http(s)://host:port", "url")
         if role is not None and role not in ROLES:
-            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {role!r}", "role")
+            raise EngineError(f"role must be one of {', '.join(ROLES)}, got {shown(role)}", "role")
         if engine_id is not None and (not isinstance(engine_id, str) or not engine_id.strip()):
             raise EngineError(
-                f"engine_id must be a non-empty string, got {engine_id!r}", "engine_id"
+                f"engine_id must be a non-empty string, got {shown(engine_id)}", "engine_id"
             )
         if engine_id is not None:
             check_engine_id(engine_id.strip())
