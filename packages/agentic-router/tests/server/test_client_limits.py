@@ -400,6 +400,46 @@ def test_a_compressed_body_is_charged_what_it_decodes_to(framing: str) -> None:
     run(main())
 
 
+def test_a_client_that_never_reads_a_whole_answer_is_dropped() -> None:
+    """A non-streamed answer the client does not take within stream_idle_timeout_s
+    has its connection dropped, as a stream's has: eight such clients of an 8 MB
+    answer held their connections and 160 MB until they went away."""
+    import socket
+
+    async def main() -> None:
+        async with FakeEngine("vllm") as eng:
+            text = b"a" * (8 << 20)
+            eng.faults.body = b'{"id": "x", "choices": [{"text": "' + text + b'"}]}'
+            cfg = config(engines=[eng.url], stream_idle_timeout_s=1.0)
+            async with running_router(cfg) as r:
+                port = int(r.url.rsplit(":", 1)[1])
+                body = json.dumps(completion_body()).encode()
+                head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                head += b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", port))
+                sock.sendall(head + body)  # and never reads
+                try:
+                    server = r.runner.server if r.runner is not None else None
+                    assert server is not None
+                    await eventually(lambda: len(server.connections) == 1, "the client connected")
+                    await eventually(
+                        lambda: not server.connections, "the connection dropped", timeout=15
+                    )
+                    assert r.active_requests() == 0
+                finally:
+                    sock.close()
+                async with (  # the router serves on
+                    aiohttp.ClientSession() as s,
+                    s.post(r.url + "/v1/completions", json=completion_body()) as a,
+                ):
+                    assert a.status == 200
+                    assert len(await a.read()) > len(text)
+
+    run(main())
+
+
 def test_oversized_and_too_many_large_bodies_are_refused_before_reading() -> None:
     """A Content-Length above max_body_bytes gets 413 before any body byte is
     sent; a chunked body is cut off at the limit; and bodies that together would

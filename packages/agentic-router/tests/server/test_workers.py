@@ -405,3 +405,39 @@ def test_a_router_started_before_its_engines_file_exists_waits_for_it(tmp_path: 
             assert (await _call(s, "GET", r.url + "/health"))[0] == 200
 
     run(main())
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_worker_api_body_that_arrives_in_parts_is_read_whole(framing: str) -> None:
+    """A JSON body split over two writes (or two chunks) joins like one sent at
+    once; it was refused 400 ("the body must be a JSON object") from its first
+    part."""
+
+    async def main() -> None:
+        async with FakeEngine("vllm") as a, FakeEngine("vllm") as b:
+            cfg = config(engines=[f"a={a.url}"], admin_token=TOKEN)
+            async with running_router(cfg) as r:
+                body = json.dumps({"url": b.url, "engine_id": "b"}).encode()
+                head = b"POST /admin/workers HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                head += TOKEN.encode() + b"\r\nContent-Type: application/json\r\n"
+                if framing == "length":
+                    head += b"Content-Length: %d\r\n\r\n" % len(body)
+                    parts = [body[:10], body[10:]]
+                else:
+                    head += b"Transfer-Encoding: chunked\r\n\r\n"
+                    parts = [b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:10], body[10:])]
+                    parts[-1] += b"0\r\n\r\n"
+                host, port = r.url.removeprefix("http://").split(":")
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(head)
+                for part in parts:
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+                status_line = await asyncio.wait_for(reader.readline(), 10)
+                writer.close()
+                assert status_line.startswith(b"HTTP/1.1 201"), status_line
+                async with aiohttp.ClientSession() as s:
+                    assert await _ids(s, r) == ["a", "b"]
+
+    run(main())

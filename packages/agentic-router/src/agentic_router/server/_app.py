@@ -45,12 +45,18 @@ from agentic_router.server._accounting import (
 from agentic_router.server._admin import AdminEndpoints
 from agentic_router.server._affinity import ResponseAffinity
 from agentic_router.server._aggregated import serve_aggregated, serve_balanced
-from agentic_router.server._body import BodyBudget, BodyReader
+from agentic_router.server._body import BodyBudget, BodyReader, read_deadline
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
 from agentic_router.server._health_check import HealthChecker
-from agentic_router.server._http import RouterProtocol, RouterRunner, expect_continue, one_line
+from agentic_router.server._http import (
+    RouterProtocol,
+    RouterRunner,
+    expect_continue,
+    one_line,
+    send_answer,
+)
 from agentic_router.server._logging import CONTEXT, access_log
 from agentic_router.server._models import ModelCatalog
 from agentic_router.server._parse import (
@@ -330,16 +336,6 @@ ENDPOINTS: Final = {
 _REFUSAL: Final = {408: "read_timeout", 413: "too_large", 503: "overloaded"}
 
 
-def read_deadline(request: web.BaseRequest, config: ServerConfig) -> float:
-    """Loop time by which the request's body must be in: the connection protocol's
-    deadline (from the request's first byte), or `request_read_timeout_s` from
-    now when the app is served by a plain aiohttp runner."""
-    protocol = request.protocol
-    if isinstance(protocol, RouterProtocol):
-        return protocol.read_deadline
-    return asyncio.get_running_loop().time() + config.request_read_timeout_s
-
-
 def client_error(
     request: web.Request,
     status: int,
@@ -440,25 +436,29 @@ async def errors_as_json(
     Also tells the connection protocol when a handler starts (the request head is
     in; the body has what is left of the read deadline) and ends, and keeps the
     set of handlers running, which a graceful stop waits for and then ends: one it
-    ends before its answer started gets a 503 saying so."""
+    ends before its answer started gets a 503 saying so. A whole answer is sent
+    here, within stream_idle_timeout_s (a client that does not take it has its
+    connection dropped), not by aiohttp after the handler, without a deadline."""
     protocol = request.protocol if isinstance(request.protocol, RouterProtocol) else None
     if protocol is not None:
         protocol.head_received()
-    handlers = request.app[PROXY].acct.handlers
+    proxy = request.app[PROXY]
+    handlers = proxy.acct.handlers
     task = handlers.enter()
     try:
-        return await end_if_unread(request, await handler(request))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
-        return await refuse(request, exc.status, exc.reason, headers=headers)
-    except asyncio.CancelledError:
-        if not handlers.absorb_cut():
-            raise
-        cut = json_error(503, SHUTTING_DOWN, headers={"Retry-After": "1"})
-        cut.force_close()
-        return cut
+        try:
+            response = await end_if_unread(request, await handler(request))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+            response = await refuse(request, exc.status, exc.reason, headers=headers)
+        except asyncio.CancelledError:
+            if not handlers.absorb_cut():
+                raise
+            response = json_error(503, SHUTTING_DOWN, headers={"Retry-After": "1"})
+            response.force_close()
+        return await send_answer(request, response, proxy.config.stream_idle_timeout_s)
     finally:
         handlers.leave(task)
         if protocol is not None:

@@ -24,7 +24,8 @@ import asyncio
 
 from aiohttp import web
 
-from agentic_router.server._http import one_line, without_request_bytes
+from agentic_router.server._config import ServerConfig
+from agentic_router.server._http import RouterProtocol, one_line, without_request_bytes
 from agentic_router.server._parse import BadRequest
 
 
@@ -131,3 +132,13 @@ class BodyReader:
                 status=503,
             )
         self.held += n
+
+
+def read_deadline(request: web.BaseRequest, config: ServerConfig) -> float:
+    """Loop time by which the request's body must be in: the connection protocol's
+    deadline (from the request's first byte), or `request_read_timeout_s` from
+    now when the app is served by a plain aiohttp runner."""
+    protocol = request.protocol
+    if isinstance(protocol, RouterProtocol):
+        return protocol.read_deadline
+    return asyncio.get_running_loop().time() + config.request_read_timeout_s

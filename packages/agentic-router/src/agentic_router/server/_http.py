@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiohttp import web
@@ -65,6 +65,42 @@ async def expect_continue(request: web.Request) -> None:
     if request.version >= (1, 1) and expect.strip().lower() == "100-continue":
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # an interim answer: the real one is still to come
+
+
+def abort_client(request: web.BaseRequest) -> None:
+    """Drop the client's connection at once (nothing more is sent)."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def to_client(request: web.BaseRequest, within_s: float, write: Awaitable[None]) -> None:
+    """A write to the client that must be taken within `within_s`: a client that
+    stopped reading has its connection dropped instead of holding the request (and
+    the bytes it was sent) for ever. A client that left is no error."""
+    try:
+        async with asyncio.timeout(within_s):
+            await write
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        log.info("the client took no answer bytes for %gs: its connection dropped", within_s)
+        abort_client(request)
+
+
+async def send_answer(
+    request: web.BaseRequest, response: web.StreamResponse, within_s: float
+) -> web.StreamResponse:
+    """Send a whole answer (one the handler returned unsent) from the handler, within
+    `within_s`: aiohttp would write it after the handler, without a deadline."""
+    if not response.prepared:
+        await to_client(request, within_s, _prepare_and_end(request, response))
+    return response
+
+
+async def _prepare_and_end(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def _ignore(status: int) -> None:

@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any, Final
 
 import aiohttp
@@ -43,6 +42,7 @@ from agentic_router.server._engine_http import (
     EnginePool,
     engine_pool_available,
 )
+from agentic_router.server._http import abort_client, to_client
 from agentic_router.server._parse import RESPONSES, error_body
 from agentic_router.server._shutdown import SHUTTING_DOWN
 from agentic_router.server._sse import SseEvents, response_id_in, response_id_of, sse_events
@@ -522,7 +522,9 @@ class EngineClient:
                         and acct.handlers.absorb_cut()
                     ):
                         acct.count(ctx, "shutdown")
-                        await _to_client(ctx, 1.0, stream_error(out, tail, 503, SHUTTING_DOWN))
+                        await to_client(
+                            ctx.request, 1.0, stream_error(out, tail, 503, SHUTTING_DOWN)
+                        )
                         return out
                     raise
         except TimeoutError:
@@ -531,7 +533,7 @@ class EngineClient:
                 # The client stopped taking the stream (its reads, not the engine,
                 # held the relay up): drop its connection; the engine is not blamed.
                 log.info("the client took no stream bytes for %ss: its connection dropped", idle)
-                _abort_client(ctx)
+                abort_client(ctx.request)
                 raise ConnectionResetError("the client stopped reading the stream") from None
             acct.record_failure(ep, "timeout", "stream silent too long")
             if out is None:
@@ -540,8 +542,8 @@ class EngineClient:
                     f"engine {engine} sent no token within {self.config.first_byte_timeout_s}s",
                 ) from None
             acct.count(ctx, "stream_timeout")
-            await _to_client(
-                ctx, idle, stream_error(out, tail, 504, f"engine {engine} went silent")
+            await to_client(
+                ctx.request, idle, stream_error(out, tail, 504, f"engine {engine} went silent")
             )
             return out
         if fault is not None:
@@ -549,31 +551,12 @@ class EngineClient:
             upstream.close()  # whatever the engine still sends is not relayed
             acct.record_failure(ep, kind, events.problem)
             acct.count(ctx, outcome)
-            await _to_client(ctx, idle, stream_error(out, tail, 502, message))
+            await to_client(ctx.request, idle, stream_error(out, tail, 502, message))
             return out
         acct.record_success(ep)
         acct.count(ctx, "ok")
-        await _to_client(ctx, idle, out.write_eof())
+        await to_client(ctx.request, idle, out.write_eof())
         return out
-
-
-def _abort_client(ctx: RequestContext) -> None:
-    transport = ctx.request.transport
-    if transport is not None:
-        transport.abort()
-
-
-async def _to_client(ctx: RequestContext, within_s: float, write: Awaitable[None]) -> None:
-    """A stream's last write to the client: one that does not take it within
-    `within_s` (it stopped reading) has its connection dropped instead of holding
-    the request for ever."""
-    try:
-        async with asyncio.timeout(within_s):
-            await write
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        _abort_client(ctx)
 
 
 async def _drain(content: Chunks, within_s: float) -> None:

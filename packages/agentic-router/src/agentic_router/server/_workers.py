@@ -43,6 +43,7 @@ from agentic_router.server._accounting import (
     Telemetry,
 )
 from agentic_router.server._admin import admin_refusal
+from agentic_router.server._body import BodyBudget, BodyReader, read_deadline
 from agentic_router.server._config import EngineSpec, ServerConfig
 from agentic_router.server._engines import (
     ID_PREFIX,
@@ -56,6 +57,7 @@ from agentic_router.server._engines import (
 from agentic_router.server._exposition import Family
 from agentic_router.server._health import Breaker
 from agentic_router.server._http import expect_continue
+from agentic_router.server._parse import BadRequest
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._upstream import json_error
 
@@ -231,9 +233,14 @@ class WorkerSet:
             return refused
         if (request.content_length or 0) > MAX_ADMIN_BODY:
             return json_error(413, f"the body is over {MAX_ADMIN_BODY} bytes")
-        raw = await request.content.read(MAX_ADMIN_BODY + 1)
-        if len(raw) > MAX_ADMIN_BODY:
-            return json_error(413, f"the body is over {MAX_ADMIN_BODY} bytes")
+        # read whole (it may come in several parts), within the request's read deadline
+        reader = BodyReader(BodyBudget(MAX_ADMIN_BODY), MAX_ADMIN_BODY)
+        try:
+            raw = await reader.read(request, read_deadline(request, self.config))
+        except BadRequest as exc:
+            return json_error(exc.status, exc.message)
+        finally:
+            reader.release()
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
