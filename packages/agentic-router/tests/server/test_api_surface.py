@@ -333,3 +333,32 @@ def test_pd_mode_balances_embeddings_and_refuses_the_responses_api() -> None:
             assert [len(p.requests), len(d.requests)] == [1, 1]
 
     run(main())
+
+
+def test_pd_a_model_one_pool_does_not_serve_is_a_404_not_a_retryable_503() -> None:
+    """A generation needs a prefill and a decode engine serving its model: one only
+    the prefill pool lists is model_not_found. It was a 503 with Retry-After saying
+    every engine of a pool had its circuit open, which none had."""
+
+    async def main() -> None:
+        async with (
+            FakeEngine("vllm", role="prefill", models=["tiny", "big"]) as p,
+            FakeEngine("vllm", role="decode", models=["tiny"]) as d,
+            running_router(config(prefill=[p.url], decode=[d.url])) as r,
+            aiohttp.ClientSession() as s,
+        ):
+            await eventually(
+                lambda: all(ep.models is not None for ep in r.proxy.endpoints),
+                "every engine's models learned",
+            )
+            status, headers, raw = await _post(s, r.url + "/v1/completions", completion_body())
+            assert status == 200, raw
+            body = completion_body(model="big")
+            status, headers, raw = await _post(s, r.url + "/v1/completions", body)
+            assert status == 404, raw
+            assert "Retry-After" not in headers
+            error = json.loads(raw)["error"]
+            assert error["code"] == "model_not_found"
+            assert "decode engine" in error["message"]
+
+    run(main())

@@ -291,6 +291,17 @@ class Proxy:
                 "model",
                 "model_not_found",
             )
+        pool = None
+        if self.config.pd_mode and parsed.kind in GENERATION and excluded:
+            pool = self.catalog.pool_without(excluded)
+        if pool is not None:
+            return not_found(
+                "model_not_found",
+                f"the model {parsed.model!r} is not served by any {pool} engine (a "
+                "generation needs a prefill and a decode engine that serve it)",
+                "model",
+                "model_not_found",
+            )
         if parsed.kind == RESPONSES and self.config.pd_mode:
             self.telemetry.requests.inc(parsed.kind, "not_supported")
             return json_error(501, "the Responses API is not served in P/D mode")

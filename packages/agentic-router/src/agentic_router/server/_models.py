@@ -102,3 +102,12 @@ class ModelCatalog:
             ep.slot for ep in endpoints if ep.models is not None and model not in ep.models
         )
         return None if endpoints and len(out) == len(endpoints) else out
+
+    def pool_without(self, excluded: frozenset[int]) -> str | None:
+        """P/D: the pool (prefill or decode) whose every engine is in `excluded` (known
+        not to serve the model), or None. A generation needs an engine of each."""
+        for role in ("prefill", "decode"):
+            pool = [ep.slot for ep in self.acct.live() if ep.role == role]
+            if pool and all(slot in excluded for slot in pool):
+                return role
+        return None
