@@ -244,7 +244,11 @@ class ServerConfig:
         600.0, "timeout from sending a request to the engine's first body byte", check=positive
     )
     stream_idle_timeout_s: float = setting(
-        300.0, "longest silence allowed between stream chunks", check=positive
+        300.0,
+        "longest silence allowed between stream chunks (the engine's, or the client's taking "
+        "them), and the longest a client may take to take a whole answer; then its "
+        "connection is dropped",
+        check=positive,
     )
     shutdown_timeout_s: float = setting(
         25.0,
