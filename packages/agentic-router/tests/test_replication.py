@@ -419,6 +419,43 @@ def test_lag_is_apply_time_minus_origin_time() -> None:
     assert sb.lag_seconds == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize("off", [-1.8e9, -90_000.0, 3600.0])  # 1970, a day old, ahead
+def test_an_event_stamped_far_from_this_clock_is_dropped_and_counted(off: float) -> None:
+    """A forged or badly skewed time (1970, a day old, an hour ahead) would set the
+    lag, and the spread margin with it, to anything: one add stamped 1970 made a
+    replica send all its traffic to its busiest engine."""
+    clock, a, _, sa, sb = _pair("load_only")
+    clock.now = 1.8e9  # wall-clock time, as serve's
+    a.add_request(_req("r", None, 100, []), 0)
+    (ev,) = sa.drain_outbox()
+    assert not sb.apply(replace(ev, ts=ev.ts + off))
+    assert sb.counts["skewed"] == 1
+    assert sb.lag_seconds == 0.0
+    assert sb.remote_reservations() == 0
+    assert sb.apply(ev)  # the same event on time is applied
+
+
+def test_an_add_replayed_from_beyond_the_duplicate_memory_is_dropped() -> None:
+    """Past the duplicate memory a replayed add cannot be told from a new one by its
+    seq alone; it was applied and held a phantom reservation for the reservation TTL."""
+    clock = Clock()
+    a, b = _router(clock, ENGINES, "load_only"), _router(clock, ENGINES, "load_only")
+    sa, sb = ReplicaSync(a, "a"), ReplicaSync(b, "b", memory=8)
+    a.add_request(_req("old", None, 50_000, []), 0)
+    (old,) = sa.drain_outbox()
+    assert sb.apply(old)
+    a.free("old")
+    for i in range(20):
+        a.add_request(_req(f"r{i}", None, 100, []), 1)
+        a.free(f"r{i}")
+    _ship(sa, sb)
+    assert sb.remote_reservations() == 0
+    assert not sb.apply(old)  # replayed, seq 0 against a high of 41
+    assert sb.counts["replayed"] == 1
+    assert sb.remote_reservations() == 0
+    assert b.registry.load(0).pending_prefill_tokens == 0
+
+
 def test_mechanism_b_moves_the_remote_reservation_to_the_decode_engine() -> None:
     _, a, b, sa, sb = _pair()
     a.add_request(_req("r", None, 100, [1]), 0, decode_worker=3)

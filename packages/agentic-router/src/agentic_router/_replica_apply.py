@@ -55,8 +55,10 @@ SequenceSink = Callable[[str, "SequenceEntry", float, Sequence[int]], None]
 #: the other replicas' add rate is counted over this window (at least RATE_MIN_S of it)
 RATE_WINDOW_S: Final = 5.0
 RATE_MIN_S: Final = 0.5
-#: the observed lag: an exponential average of the remote adds' lags, this weight each
+#: the observed lag: an exponential average of the remote adds' lags, this weight each,
+#: each at most LAG_MAX_S (a resync re-sends long-running requests with their old times)
 LAG_WEIGHT: Final = 0.2
+LAG_MAX_S: Final = 5.0
 
 
 class _RemoteAdds:
@@ -73,7 +75,7 @@ class _RemoteAdds:
         self.window.append((now, prefill_tokens))
         self.tokens += prefill_tokens
         if origin_ts is not None:
-            lag = max(0.0, now - origin_ts)
+            lag = min(LAG_MAX_S, max(0.0, now - origin_ts))
             self.lag_s = (
                 lag if len(self.window) == 1 else self.lag_s + LAG_WEIGHT * (lag - self.lag_s)
             )

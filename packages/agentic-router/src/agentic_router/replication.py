@@ -78,6 +78,12 @@ STALE: Final = "stale"  # a no-op: its request already moved on, or an older hom
 KNOWN_HOME: Final = "home_known"  # a home event confirming what its add already said
 UNKNOWN_ENGINE: Final = "unknown_engine"
 MALFORMED: Final = "malformed"
+#: an event stamped too far from this replica's clock (ts > now + MAX_AHEAD_S, or
+#: older than MAX_AGE_S), or replayed from beyond the duplicate memory
+SKEWED: Final = "skewed"
+REPLAYED: Final = "replayed"
+MAX_AHEAD_S: Final = 60.0  # hosts' clocks differ by less (NTP)
+MAX_AGE_S: Final = 86_400.0  # above every TTL an event's state can still matter for
 EXPIRED: Final = "expired"
 FORGOTTEN: Final = "forgotten"
 OUTBOX_OVERFLOW: Final = "outbox_overflow"
@@ -276,7 +282,8 @@ class ReplicaSync:
     @property
     def dropped(self) -> int:
         """Events that changed nothing (own, duplicate, stale, unknown engine, malformed)."""
-        return sum(self.counts[k] for k in (OWN, DUPLICATE, STALE, UNKNOWN_ENGINE, MALFORMED))
+        dropped = (OWN, DUPLICATE, STALE, UNKNOWN_ENGINE, MALFORMED, SKEWED, REPLAYED)
+        return sum(self.counts[k] for k in dropped)
 
     def remote_reservations(self, origin: str | None = None) -> int:
         """Active reservations of other replicas (of one origin if given)."""
@@ -392,8 +399,16 @@ class ReplicaSync:
             return False
         if now is None:
             now = self.router.clock()
+        if not now - MAX_AGE_S <= ev.ts <= now + MAX_AHEAD_S:
+            # a clock this far off (or a forged ts) would skew the lag and the spread
+            self.counts[SKEWED] += 1
+            return False
         if self._is_duplicate(ev):
             self.counts[DUPLICATE] += 1
+            return False
+        if ev.seq < self._high.get(ev.origin, -1) - self.memory:
+            # older than the duplicate memory reaches: a replay cannot be told from new
+            self.counts[REPLAYED] += 1
             return False
         self.lag_seconds = now - ev.ts
         rid = f"{_NS}{ev.origin}{_NS}{ev.request_id}"

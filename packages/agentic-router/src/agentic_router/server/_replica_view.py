@@ -127,6 +127,7 @@ def replica_families(link: ReplicaLink) -> list[Family]:
         "counter",
         "what this replica's ReplicaSync did with events, by pool and result: applied, "
         "duplicate, stale (its request had moved on), unknown_engine, out_of_order, "
+        "skewed (its time too far from ours), replayed (older than the duplicate memory), "
         "expired and forgotten (reservations), outbox_overflow",
         ("pool", "result"),
     )

@@ -59,7 +59,7 @@ import secrets
 import socket
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -358,7 +358,8 @@ class ReplicaLink:
         pipe.zremrangebyscore(self.target.members_key, "-inf", now - MEMBERS_WINDOW_S)
         pipe.zrange(self.target.members_key, 0, -1)
         members = (await pipe.execute())[-1]
-        ids = {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+        # anyone who can write the store can write these: what does not parse is skipped
+        ids = {m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m) for m in members}
         ids |= set(self.peers)
         ids.discard(self.replica_id)
         ordered = sorted(ids)
@@ -371,7 +372,7 @@ class ReplicaLink:
                 continue
             peer = self.peers.setdefault(peer_id, Peer())
             peer.heartbeat = now
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
+            with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
                 info = json.loads(raw)
                 peer.host, peer.pid, peer.started = info["host"], info["pid"], info["started"]
         # our place among the live replicas, by id: by it each Router spreads the
@@ -503,10 +504,12 @@ class ReplicaLink:
                 raise_if_cancelling()  # redis-py may have swallowed our cancel
             self._succeeded("read")
             delay = 0.0
-            for _stream, entries in reply or ():
-                for entry_id, fields in entries:
-                    self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            for entry_id, fields in _entries(reply, self.dropped):
+                self._last_id = entry_id
+                try:
                     self._apply(fields)
+                except Exception:  # a shape _apply does not expect: the loop reads on
+                    self.dropped["malformed"] += 1
             await asyncio.sleep(0)
 
     def _apply(self, fields: Mapping[bytes, bytes]) -> None:
@@ -514,7 +517,7 @@ class ReplicaLink:
         try:
             origin = fields[b"o"].decode()
             kind = fields[b"k"]
-        except (KeyError, UnicodeDecodeError, AttributeError):
+        except (KeyError, UnicodeDecodeError, AttributeError, TypeError):
             self.dropped["malformed"] += 1
             return
         if origin == self.replica_id:
@@ -565,3 +568,28 @@ class ReplicaLink:
         written as a reset's live state); 0: all this replica made are in the stream."""
         outboxes = sum(sync.outbox_size for sync in self.syncs.values())
         return outboxes + len(self._queue) + self._sending + int(self._dirty)
+
+
+def _entries(reply: Any, dropped: Counter[str]) -> Iterator[tuple[str, Mapping[bytes, bytes]]]:
+    """The (id, fields) of an XREAD reply's entries; what is not that shape (a nil
+    entry, a non-mapping) is skipped and counted as malformed, never raised into the
+    read loop, which would end it."""
+    try:
+        streams = list(reply or ())
+    except TypeError:
+        streams = []
+        dropped["malformed"] += 1
+    for stream in streams:
+        entries = stream[1] if isinstance(stream, (list, tuple)) and len(stream) == 2 else None
+        if not isinstance(entries, (list, tuple)):
+            dropped["malformed"] += 1
+            continue
+        for entry in entries:
+            pair = isinstance(entry, (list, tuple)) and len(entry) == 2
+            entry_id, fields = entry if pair else (None, None)
+            if isinstance(entry_id, bytes):
+                entry_id = entry_id.decode("ascii", "replace")
+            if not isinstance(entry_id, str) or not isinstance(fields, Mapping):
+                dropped["malformed"] += 1
+                continue
+            yield entry_id, fields
