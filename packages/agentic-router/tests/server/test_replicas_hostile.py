@@ -100,7 +100,7 @@ def test_a_malformed_stream_reply_is_counted_and_the_read_loop_reads_on(
                 return [[stream, [(None, None), *entries]]]
             return reply
 
-        b._reader.xread = xread  # type: ignore[method-assign]
+        b._reader.xread = xread
         try:
             await asyncio.sleep(0.5)
             ra.route(RoutingRequest("first", None, 100))
