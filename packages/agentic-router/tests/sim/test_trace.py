@@ -56,6 +56,14 @@ def test_reads_the_mooncake_synthetic_trace() -> None:
             "hash_ids",
         ),
         ('{"timestamp": 0, "input_length": 5, "output_length": true}', "output_length"),
+        # a hostile or broken file: each asked the simulator for 10^300 s or 10^17 tokens
+        ('{"timestamp": 1e300, "input_length": 5, "output_length": 1}', "not a time"),
+        (
+            '{"timestamp": 1, "input_length": 5, "output_length": 1, "think_time_ms": Infinity}',
+            "think_time_ms",
+        ),
+        ('{"timestamp": 0, "input_length": 100000000000000000, "output_length": 1}', "at most"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1e300}', "output_length"),
     ],
 )
 def test_a_bad_line_is_a_clear_error_with_its_line_number(
@@ -73,6 +81,30 @@ def test_missing_and_empty_traces_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(TraceError, match="no requests"):
         load_trace(str(tmp_path / "empty.jsonl"))
+
+
+def test_a_damaged_file_is_a_clear_error(tmp_path: Path) -> None:
+    """A cut or corrupt gzip, a CSV field over the csv module's limit, a span of
+    centuries, a token count no engine holds: one TraceError each, no traceback."""
+    import gzip
+
+    whole = gzip.compress(b'{"timestamp": 0, "input_length": 5, "output_length": 1}\n' * 500)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "corrupt.jsonl.gz").write_bytes(whole[:20] + b"\xff" * 200)
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    (tmp_path / "long.csv").write_text(head + "2023-11-16 18:17:03," + "1" * 200_000 + ",1\n")
+    (tmp_path / "huge.csv").write_text(head + "2023-11-16 18:17:03,100000000000000000,1\n")
+    rows = [json.dumps({"timestamp": t, "input_length": 5, "output_length": 1}) for t in (0, 1e14)]
+    (tmp_path / "span.jsonl").write_text("\n".join(rows) + "\n")
+    for name, message in [
+        ("cut.jsonl.gz", "damaged"),
+        ("corrupt.jsonl.gz", "damaged"),
+        ("long.csv", "damaged"),
+        ("huge.csv", "at most"),
+        ("span.jsonl", "days"),
+    ]:
+        with pytest.raises(TraceError, match=message):
+            load_trace(str(tmp_path / name))
 
 
 def test_session_turns_out_of_order_are_refused(tmp_path: Path) -> None:

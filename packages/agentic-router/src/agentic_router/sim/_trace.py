@@ -24,6 +24,7 @@ import io
 import json
 import math
 import random
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,6 +35,13 @@ from typing import Any, Final, TextIO
 from agentic_router.sim._model import MOONCAKE_BLOCK_SIZE
 
 BUNDLED: Final = {"agentic": "agentic_demo.jsonl.gz"}
+#: bounds on what a trace may say: far above any real one, they keep a hostile or
+#: broken file from asking the simulator for 10^300 seconds or 10^17 tokens
+MAX_TOKENS: Final = 2**24  # per request, prompt or output
+MAX_SPAN_S: Final = 30 * 86_400.0  # from the first request to the last, and any think time
+#: what reading a damaged file can raise besides OSError (a cut or corrupt gzip, a
+#: CSV field over the csv module's limit)
+_UNREADABLE: Final = (EOFError, zlib.error, csv.Error)
 
 
 class TraceError(ValueError):
@@ -122,6 +130,8 @@ def _int_field(obj: dict[str, Any], name: str, where: str, *, minimum: int = 0) 
         raise TraceError(f"{where}: `{name}` is not an integer: {value!r}")
     if value < minimum:
         raise TraceError(f"{where}: `{name}` must be >= {minimum}, got {value!r}")
+    if value > MAX_TOKENS:
+        raise TraceError(f"{where}: `{name}` must be at most {MAX_TOKENS}, got {value:.6g}")
     return int(value)
 
 
@@ -136,6 +146,8 @@ def parse_mooncake_line(line: str, index: int, where: str) -> TraceRequest:
     ts = obj.get("timestamp")
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
         raise TraceError(f"{where}: `timestamp` (ms) missing, negative or not a number")
+    if ts > 1e18:  # ms: far beyond any clock (the span is checked once all are read)
+        raise TraceError(f"{where}: `timestamp` (ms) is not a time: {ts:.6g}")
     input_length = _int_field(obj, "input_length", where, minimum=1)
     output_length = _int_field(obj, "output_length", where, minimum=0)
     hash_ids = obj.get("hash_ids", [])
@@ -150,6 +162,8 @@ def parse_mooncake_line(line: str, index: int, where: str) -> TraceRequest:
     think = obj.get("think_time_ms", 0)
     if isinstance(think, bool) or not isinstance(think, int | float) or think < 0:
         raise TraceError(f"{where}: `think_time_ms` must be a number >= 0")
+    if not think <= MAX_SPAN_S * 1000:  # NaN and infinity included
+        raise TraceError(f"{where}: `think_time_ms` must be at most {MAX_SPAN_S * 1000:.0f}")
     return TraceRequest(
         index=index,
         timestamp_s=float(ts) / 1000.0,
@@ -174,6 +188,8 @@ def read_mooncake(path: str | Path, *, block_size: int = MOONCAKE_BLOCK_SIZE) ->
                 requests.append(parse_mooncake_line(line, len(requests), f"{p}:{lineno}"))
     except OSError as exc:
         raise TraceError(f"{p}: cannot read: {exc}") from None
+    except _UNREADABLE as exc:
+        raise TraceError(f"{p}: damaged: {exc}") from None
     if not requests:
         raise TraceError(f"{p}: no requests")
     return _ordered(p.name, requests, block_size)
@@ -208,6 +224,8 @@ def read_azure_csv(path: str | Path) -> Trace:
                     raise TraceError(f"{where}: {exc}") from None
                 if ctx < 1 or gen < 0:
                     raise TraceError(f"{where}: token counts must be positive")
+                if ctx > MAX_TOKENS or gen > MAX_TOKENS:
+                    raise TraceError(f"{where}: token counts must be at most {MAX_TOKENS}")
                 t0 = t0 or ts
                 n_blocks = math.ceil(ctx / MOONCAKE_BLOCK_SIZE)
                 ids = tuple(range(next_id, next_id + n_blocks))
@@ -217,6 +235,8 @@ def read_azure_csv(path: str | Path) -> Trace:
                 )
     except OSError as exc:
         raise TraceError(f"{p}: cannot read: {exc}") from None
+    except _UNREADABLE as exc:
+        raise TraceError(f"{p}: damaged: {exc}") from None
     if not requests:
         raise TraceError(f"{p}: no requests")
     return _ordered(p.name, requests, MOONCAKE_BLOCK_SIZE)
@@ -225,6 +245,12 @@ def read_azure_csv(path: str | Path) -> Trace:
 def _ordered(name: str, requests: list[TraceRequest], block_size: int) -> Trace:
     order = sorted(range(len(requests)), key=lambda i: (requests[i].timestamp_s, i))
     t0 = requests[order[0]].timestamp_s
+    span = requests[order[-1]].timestamp_s - t0
+    if span > MAX_SPAN_S:
+        raise TraceError(
+            f"{name}: the requests span {span / 86_400:.3g} days; a replay takes at most "
+            f"{MAX_SPAN_S / 86_400:.0f} (cut it, or check its timestamps)"
+        )
     out = [
         TraceRequest(
             index=k,
