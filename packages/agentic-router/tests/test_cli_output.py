@@ -182,6 +182,25 @@ def test_analyze_finds_the_logs_two_levels_down_and_prints_aligned_tables(
         _assert_aligned(_table_block(report, "mode"))
 
 
+def test_analyze_skips_and_counts_what_no_writer_wrote(tmp_path: Path) -> None:
+    """A line nested deeper than json reads, numbers no float holds, a directory
+    named like a rotated backup: each was a traceback (RecursionError, OverflowError,
+    IsADirectoryError); now the line is counted malformed, the number ignored, the
+    directory skipped."""
+    (tmp_path / "routing-decisions.jsonl").write_text("[" * 100_000 + "\n{}\n")
+    (tmp_path / "routing-decisions.jsonl.1").mkdir()
+    huge = 10**400
+    (tmp_path / "session-binding.jsonl").write_text(
+        json.dumps({"session_id": "s", "worker": "w", "turn": huge}) + "\n"
+    )
+    (tmp_path / "request-outcomes.jsonl").write_text(f'{{"ttft_s": {huge}}}\n{{"ttft_s": 0.5}}\n')
+    result = _run("analyze", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["malformed_lines"] == {"routing-decisions.jsonl": 1}
+    assert report["requests"]["ttft_s"]["count"] == 1
+
+
 def test_bench_against_nothing_exits_1_and_says_why_and_compare_aligns(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every request fails
     for label in ("a", "b"):

@@ -352,11 +352,11 @@ def stream_files(directory: str | Path, stream: str) -> list[Path]:
     backups: list[tuple[int, Path]] = []
     for p in directory.glob(glob.escape(stream) + ".*"):
         suffix = p.name[len(stream) + 1 :]
-        if suffix.isdigit():
+        if suffix.isdigit() and len(suffix) < 10 and p.is_file():
             backups.append((int(suffix), p))
     out = [p for _, p in sorted(backups, reverse=True)]
     current = directory / stream
-    if current.exists():
+    if current.is_file():  # a directory or a FIFO of that name is no log
         out.append(current)
     return out
 
@@ -435,7 +435,7 @@ def _objects(lines: Iterable[str], bad: Counter[str] | None, key: str) -> Iterat
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json reads
             obj = None
         if isinstance(obj, dict):
             yield obj

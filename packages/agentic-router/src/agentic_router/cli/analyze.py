@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -129,7 +130,7 @@ def analyze_dir(directory: Path) -> dict[str, Any]:
 
 def _requests(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def stats(key: str) -> dict[str, float | None]:
-        v = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
+        v = [x for r in rows if (x := _finite(r.get(key))) is not None]
         return {
             "count": len(v),
             "mean": sum(v) / len(v) if v else None,
@@ -144,6 +145,18 @@ def _requests(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_s": stats("ttft_s"),
         "e2e_s": stats("e2e_s"),
     }
+
+
+def _finite(value: Any) -> float | None:
+    """A log field as a finite float, or None (not a number, NaN, or too large for a
+    float: a hand-edited or hostile log may hold 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _balance(counts: Mapping[str, int]) -> float | None:
@@ -166,7 +179,9 @@ def _sessions(bindings: list[dict[str, Any]]) -> dict[str, Any]:
         serving = str(serving)
         workers.add(serving)
         turn = b.get("turn")
-        order = float(turn) if isinstance(turn, int | float) else float(k)
+        order = _finite(turn)
+        if order is None:
+            order = float(k)
         by_session.setdefault(str(sid), []).append((order, k, serving))
     switches: list[int] = []
     streaks: list[int] = []
