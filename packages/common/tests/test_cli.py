@@ -109,6 +109,29 @@ def test_bad_uri_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unsupported engine-state URI" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["watch", "--interval", "-1"],
+        ["watch", "--interval", "nan"],
+        ["dump", "--max-age-ms", "inf"],
+        ["demo", "--seconds", "0"],
+        ["demo", "bogus://x"],
+    ],
+)
+def test_a_bad_flag_or_demo_uri_is_one_line_and_exit_2(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watch --interval -1` drew a frame then raised out of time.sleep; `demo
+    bogus://x` printed 13 tracebacks (one per writer thread)."""
+    if argv[0] != "demo":
+        argv = [*argv, tmp_path.as_uri()]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agentic-state: ")
+    assert len(err.splitlines()) == 1, err
+
+
 def test_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dump", "redis://127.0.0.1:1/0"]) == 1
     assert "cannot read" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from typing import Any, TextIO
 from agentic_common._schema import EngineState, kv_used_frac
 from agentic_common._table import text_table
 from agentic_common._transport import Freshness, Inspection, StateReader
-from agentic_common._uri import default_uri, open_reader, open_writer
+from agentic_common._uri import check_uri, default_uri, open_reader, open_writer
 
 _COLUMNS = (
     "engine",
@@ -243,11 +243,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    for flag in ("seconds", "interval", "max_age_ms"):
+        value = getattr(args, flag, None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            print(f"agentic-state: --{flag.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
     if args.command == "demo":
+        if args.uri is not None:
+            try:
+                check_uri(args.uri)
+            except (ValueError, ImportError) as exc:
+                print(f"agentic-state: {exc}", file=sys.stderr)
+                return 2
         return demo(args.uri, args.seconds, sys.stdout)
-    if not (math.isfinite(args.max_age_ms) and args.max_age_ms > 0):
-        print("agentic-state: --max-age-ms must be positive", file=sys.stderr)
-        return 2
     try:
         reader = open_reader(args.uri or default_uri(), Freshness(max_age_s=args.max_age_ms / 1000))
     except (ValueError, ImportError) as exc:
