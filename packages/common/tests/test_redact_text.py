@@ -8,7 +8,7 @@ import base64
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_common import redact_text
+from agentic_common import redact_text, redact_uri
 
 # what a password in a URL's userinfo or a header value can hold, as it is quoted
 # (the characters that end a userinfo or a quoted value excluded)
@@ -52,3 +52,25 @@ def test_text_without_credentials_is_unchanged() -> None:
     ):
         assert redact_text(text) == text
     assert redact_text("http://token@h:1/x") == "http://***@h:1/x"
+
+
+# a password as an operator types it into a URI, unencoded: `/`, `?`, `#` and `@`
+# included (they end urlsplit's netloc early, or split it at the wrong `@`)
+raw_passwords = st.text(
+    st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="'\"<>\\"),
+    min_size=4,
+    max_size=30,
+).map(lambda s: "Zq9" + s)
+
+
+@given(password=raw_passwords, scheme=st.sampled_from(["redis", "rediss", "http"]))
+def test_an_unencoded_password_is_masked_in_the_uri_and_in_text_quoting_it(
+    password: str, scheme: str
+) -> None:
+    """The engine plugins logged `redis://:pa#ss@host` whole: redact_uri masked
+    nothing once a `#` ended urlsplit's netloc before the `@`."""
+    uri = f"{scheme}://:{password}@10.0.0.5:6379/0"
+    shown = redact_uri(uri)
+    assert password not in shown
+    assert shown.startswith(f"{scheme}://:***@")
+    assert password not in redact_text(f"ValueError('redis URI needs a host: {uri!r}')")

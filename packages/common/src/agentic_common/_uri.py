@@ -41,6 +41,12 @@ def redact_uri(uri: str) -> str:
 
     Everything that shows a URI (logs, error messages, /state) goes through
     here, so a store's password never leaves the process that was given it."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and "@" in rest and not rest.startswith("/"):
+        # The userinfo ends at the last `@`: a password holding an unencoded `/`, `?`
+        # or `#` ends urlsplit's netloc early, which then holds no `@` to mask at.
+        userinfo, _, after = rest.rpartition("@")
+        uri = f"{scheme}://{_masked(userinfo)}{after}"
     try:
         parts = urlsplit(uri)
     except ValueError:
@@ -57,7 +63,8 @@ def redact_uri(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/@'\"<>]+)@")
+# the userinfo runs to the URL's last `@` (a password may hold `/`, `?` or `#`)
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/'\"<>][^\s'\"<>]*)@")
 _CREDENTIAL_HEADER = re.compile(
     r"((?:proxy-)?authorization|cookie|x-api-key|api-key)(['\"]?\s*[:=]\s*['\"]?)([^'\",)>\r\n]+)",
     re.IGNORECASE,
@@ -70,8 +77,19 @@ def redact_text(text: str) -> str:
     every credential header it quotes (Authorization, Proxy-Authorization, Cookie,
     X-Api-Key, Api-Key) replaced by `***`. aiohttp's ClientResponseError repr, for
     one, carries the request's headers, an engine URL's Basic credentials included."""
-    text = _URL_USERINFO.sub(lambda m: m.group(1) + _masked(m.group(2)), text)
+    text = _URL_USERINFO.sub(_userinfo_masked, text)
     return _CREDENTIAL_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+
+
+#: a host, or host:port, ahead of a path: an `@` after it is the path's, not userinfo
+_HOST_THEN_PATH = re.compile(r"[^:@/?#]+(?::\d+)?[/?#]")
+
+
+def _userinfo_masked(m: re.Match[str]) -> str:
+    userinfo = m.group(2)
+    if _HOST_THEN_PATH.match(userinfo):
+        return m.group(0)  # http://h:1/a@b: the path holds the `@`
+    return m.group(1) + _masked(userinfo)
 
 
 def split_redis_uri(uri: str, options: Collection[str]) -> tuple[str, dict[str, str]]:

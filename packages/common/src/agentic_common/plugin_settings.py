@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from agentic_common import URI_ENV
+from agentic_common import URI_ENV, redact_uri
 from agentic_common._schema import ENGINE_ID_PATTERN
 
 __all__ = [
@@ -113,7 +113,8 @@ class Settings:
         enabled = _flag(env, ENABLED)
         uri = env.get(URI.name, "").strip() or None
         if uri is not None and not uri.startswith(("file://", "redis://", "rediss://")):
-            raise SettingsError(f"{URI.name}={uri!r}: use file:///dir, redis:// or rediss://")
+            shown = redact_uri(uri)
+            raise SettingsError(f"{URI.name}={shown!r}: use file:///dir, redis:// or rediss://")
         raw_period = env.get(PERIOD_MS.name, "").strip() or str(PERIOD_MS.default)
         try:
             period_ms = float(raw_period)

@@ -253,3 +253,17 @@ def test_request_members_are_read_from_the_constructor() -> None:
         "Req.kv_committed_len",
         "Req.extra_key",
     ]
+
+
+@pytest.mark.parametrize("password", ["S3cretPassw0rd", "pa/ss", "pa#ss", "pa?ss"])
+def test_the_start_up_line_never_shows_the_stores_password(
+    instrumentor: EngineStateInstrumentor, caplog: pytest.LogCaptureFixture, password: str
+) -> None:
+    """SGLang logs INFO: the line naming the store went into every engine log with
+    the Redis password in it."""
+    cls = make_scheduler_class()
+    uri = f"redis://:{password}@10.0.0.5:6379/0"
+    with caplog.at_level(logging.INFO):
+        assert instrumentor.apply(settings(uri=uri), cls)
+    assert "publishing to redis://:***@10.0.0.5:6379/0" in caplog.text
+    assert password not in caplog.text

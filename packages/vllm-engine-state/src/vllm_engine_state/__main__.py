@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from agentic_common import Freshness, open_reader
+from agentic_common import Freshness, open_reader, redact_uri
 from vllm_engine_state._patch import SUPPORTED_VLLM_SPEC, UnsupportedVLLMError, check_version
 from vllm_engine_state._settings import Settings, SettingsError
 
@@ -37,7 +37,7 @@ def diagnose(env: dict[str, str] | None = None) -> dict[str, Any]:
         settings = None
     if settings is not None:
         report["settings"] = {
-            "uri": settings.uri,
+            "uri": None if settings.uri is None else redact_uri(settings.uri),
             "period_ms": settings.period_s * 1000,
             "enabled": settings.enabled,
             "worker_id": settings.worker_id,

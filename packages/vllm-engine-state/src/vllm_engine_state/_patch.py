@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentic_common import StateWriter
+from agentic_common import StateWriter, redact_uri
 from vllm_engine_state._prefix_cache import prefix_cache_view
 from vllm_engine_state._publisher import LAST_STEP_ATTR, Publisher
 from vllm_engine_state._settings import Settings, SettingsError, engine_id_for
@@ -223,7 +223,7 @@ class EngineStateInstrumentor:
                 scheduler_cls.__module__,
                 scheduler_cls.__qualname__,
                 version,
-                settings.uri,
+                redact_uri(settings.uri or ""),
                 settings.period_s * 1000,
             )
             return True

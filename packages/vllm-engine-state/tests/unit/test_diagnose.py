@@ -37,3 +37,11 @@ def test_feed_shows_what_engines_published(tmp_path: Path) -> None:
     assert list(report["feed"]) == ["engine_3"]
     assert report["feed"]["engine_3"]["gpu_blocks_total"] == 100
     assert not any("VLLM_PLUGINS" in p for p in report["problems"])
+
+
+def test_the_report_and_a_bad_scheme_never_show_the_password() -> None:
+    report = diagnose({"AGENTIC_ENGINE_STATE_URI": "redis://:S3cret@10.0.0.5:6379/0"})
+    assert report["settings"]["uri"] == "redis://:***@10.0.0.5:6379/0"
+    bad = diagnose({"AGENTIC_ENGINE_STATE_URI": "REDIS://:S3cret@10.0.0.5:6379/0"})
+    assert any("use file:///dir" in p for p in bad["problems"])
+    assert "S3cret" not in str(report) + str(bad)

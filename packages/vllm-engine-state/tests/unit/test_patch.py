@@ -426,3 +426,19 @@ def test_costly_snapshots_stretch_the_period() -> None:
     assert effective_period(0.05, 0.0001) == 0.05  # 100 µs: 20 Hz as configured
     assert effective_period(0.05, 0.002) == pytest.approx(0.05)  # 2 ms: 4 % of a core
     assert effective_period(0.05, 0.010) == pytest.approx(0.2)  # 10 ms: capped at 5 %
+
+
+@pytest.mark.parametrize("password", ["S3cretPassw0rd", "pa/ss", "pa#ss", "pa?ss"])
+def test_the_start_up_line_never_shows_the_stores_password(
+    cls: type, inst: EngineStateInstrumentor, caplog: pytest.LogCaptureFixture, password: str
+) -> None:
+    """vLLM logs its plugins' INFO lines: the one naming the store carried the Redis
+    password into every engine log."""
+    uri = f"redis://:{password}@10.0.0.5:6379/0"
+    settings = Settings(
+        uri=uri, period_s=0.005, enabled=True, worker_id=None, allow_unsupported=False
+    )
+    with caplog.at_level(logging.INFO, "vllm.plugins.engine_state"):
+        assert inst.apply(settings, scheduler_cls=cls)
+    assert "publishing to redis://:***@10.0.0.5:6379/0" in caplog.text
+    assert password not in caplog.text
