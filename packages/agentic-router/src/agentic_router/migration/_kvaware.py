@@ -132,7 +132,9 @@ class KvAwareScorer:
         self._move_times: deque[float] = deque()
         self._first_ts: float | None = None
         self._last_ts = 0.0
-        self._expired_switches: list[int] = []
+        # sessions gone from the table, by their D-switch count: a count per distinct
+        # value, not an entry per session (client session ids are without bound)
+        self._expired_switches: Counter[int] = Counter()
 
     # -- deciding --------------------------------------------------------------------------
     def score(self, ctx: ScoringContext) -> list[float]:
@@ -373,7 +375,7 @@ class KvAwareScorer:
             sessions[sid] = s
             while len(sessions) > self.session_capacity:
                 _, old = sessions.popitem(last=False)
-                self._expired_switches.append(old.switches)
+                self._expired_switches[old.switches] += 1
         else:
             sessions.move_to_end(sid)
         s.last_seen = now
@@ -390,7 +392,7 @@ class KvAwareScorer:
             if s.last_seen >= horizon:
                 break
             sessions.popitem(last=False)
-            self._expired_switches.append(s.switches)
+            self._expired_switches[s.switches] += 1
         q = self._move_times
         while q and q[0] < now - RATE_WINDOW_S:
             q.popleft()
@@ -399,18 +401,19 @@ class KvAwareScorer:
     def metrics(self) -> dict[str, Any]:
         """D-switches per session, migrations per minute, re-prefill tokens caused by moves,
         admission outcomes, counted/ignored rejections (JSON-able)."""
-        sw = [s.switches for s in self.sessions.values()] + self._expired_switches
+        hist = Counter(s.switches for s in self.sessions.values()) + self._expired_switches
+        n = sum(hist.values())
         self._tick(self._last_ts)
         span = (self._last_ts - self._first_ts) if self._first_ts is not None else 0.0
         moves = sum(n for k, n in self.migrations.items())
         return {
             "rule": self.settings.migration_rule,
-            "sessions": len(sw),
+            "sessions": n,
             "d_switches_total": self.switches_total,
             "d_switches_per_session": {
-                "mean": sum(sw) / len(sw) if sw else 0.0,
-                "max": max(sw) if sw else 0,
-                "histogram": {str(k): v for k, v in sorted(Counter(sw).items())},
+                "mean": sum(k * v for k, v in hist.items()) / n if n else 0.0,
+                "max": max(hist) if hist else 0,
+                "histogram": {str(k): v for k, v in sorted(hist.items())},
             },
             "moves_by_reason": dict(self.migrations),
             "migrations_per_minute": {
