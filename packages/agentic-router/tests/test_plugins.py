@@ -69,6 +69,15 @@ class WrongLength:
         return [0.0] * (len(ctx.candidates) - 1)
 
 
+class EndlessFilter:
+    name = "endless"
+    description = "flags without end"
+
+    def keep(self, ctx: ScoringContext) -> Any:
+        while True:
+            yield True
+
+
 class PreferLast:
     name = "prefer_last"
     description = "highest index wins"
@@ -275,3 +284,21 @@ def test_a_policy_can_pick_a_decode_worker_and_see_events(
         ("admission", 2, {"admitted": True}),
         ("free", 2, {"decode_worker": 2, "prefill_worker": 0}),
     ]
+
+
+def test_a_filter_that_yields_without_end_is_skipped(make_router: MakeRouter) -> None:
+    """The flags were listed before their count was checked: an endless generator
+    held routing until memory ran out."""
+
+    class Plugin:
+        @hookimpl
+        def agentic_router_filters(self, config: RouterConfig) -> list[Any]:
+            return [EndlessFilter()]
+
+        @hookimpl
+        def agentic_router_policies(self, config: RouterConfig) -> list[PolicySpec]:
+            return [PolicySpec("endless_policy", "t", (("load", 1.0),), filters=("endless",))]
+
+    router = make_router(3, "endless_policy", plugins=[Plugin()])
+    d = router.decide(RoutingRequest("r", None, 10))
+    assert d.worker in (0, 1, 2)

@@ -101,6 +101,38 @@ def test_a_tokenizer_plugin_provides_token_ids() -> None:
     assert req.block_hashes == block_hashes_from_tokens([ord(c) for c in "hello world!"], 4)
 
 
+def _endless() -> Any:
+    while True:
+        yield 1
+
+
+@pytest.mark.parametrize(
+    "tokenize",
+    [
+        lambda body: 1 / 0,  # raises
+        lambda body: ["a", "b"],  # not token ids
+        lambda body: [2**70],  # not 64-bit
+        lambda body: _endless(),  # never ends
+    ],
+    ids=["raises", "strings", "too-big", "endless"],
+)
+def test_a_tokenizer_plugin_that_fails_leaves_the_text_estimate(tokenize: Any) -> None:
+    """Its failure was every request's 500 (or, endless, the router's memory); now
+    the request is routed on the text prompt's estimate, as without the plugin."""
+
+    class Tok:
+        @hookimpl
+        def agentic_router_tokenize(self, body: dict[str, Any], config: RouterConfig) -> Any:
+            return tokenize(body)
+
+    pm = make_plugin_manager(load_entry_points=False, plugins=[Tok()])
+    cfg = RouterConfig(block_size=4)
+    body = {"prompt": "hello world, hello world!"}
+    req = build_routing_request("d", body, config=cfg, plugin_manager=pm)
+    plain = build_routing_request("d", body, config=cfg)
+    assert (req.prompt_tokens, req.block_hashes) == (plain.prompt_tokens, plain.block_hashes)
+
+
 texts = st.text(alphabet="ab é中\ud800", max_size=40)
 
 

@@ -9,9 +9,13 @@ before it gets here.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
+import time
+from array import array
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import pluggy
 
@@ -21,6 +25,13 @@ from agentic_router.prefix import (
     block_hashes_from_tokens,
 )
 from agentic_router.types import RouterConfig, RoutingRequest
+
+log = logging.getLogger("agentic_router")
+
+#: token ids taken from the tokenize hook at most (4M: an 800 KB prompt is ~200k)
+MAX_HOOK_TOKENS: Final = 1 << 22
+#: [when the tokenize hook's failure was last logged, failures so far]
+_TOKENIZE_FAILED: list[float] = [-1e9, 0]
 
 __all__ = ["build_routing_request"]
 
@@ -90,12 +101,14 @@ def build_routing_request(
     cfg = config or RouterConfig()
     bs = cfg.block_size
     ids = _token_ids(body)
-    if ids is None and plugin_manager is not None:
-        got = plugin_manager.hook.agentic_router_tokenize(body=body, config=cfg)
-        ids = list(got) if got is not None else None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         max_tokens = None
+    if ids is None and plugin_manager is not None:
+        hooked = _tokenized(plugin_manager, body, cfg)
+        if hooked is not None:
+            n, hashes = hooked
+            return RoutingRequest(request_id, session_id, n, hashes, bs, max_tokens)
     if ids is not None:
         return RoutingRequest(
             request_id, session_id, len(ids), block_hashes_from_tokens(ids, bs), bs, max_tokens
@@ -107,6 +120,34 @@ def build_routing_request(
     else:
         hashes = block_hashes_from_text(text, chunk)
     return RoutingRequest(request_id, session_id, tokens, hashes, bs, max_tokens)
+
+
+def _tokenized(
+    pm: pluggy.PluginManager, body: Mapping[str, Any], cfg: RouterConfig
+) -> tuple[int, tuple[int, ...]] | None:
+    """(prompt tokens, block hashes) from the agentic_router_tokenize hook, or None (no
+    plugin tokenizes, or it failed: the text prompt's estimate is used instead). A
+    plugin that raises or returns what is not token ids is logged, never a 500."""
+    try:
+        got = pm.hook.agentic_router_tokenize(body=body, config=cfg)
+        if got is None:
+            return None
+        ids = list(itertools.islice(got, MAX_HOOK_TOKENS + 1))
+        if len(ids) > MAX_HOOK_TOKENS:
+            raise ValueError(f"more than {MAX_HOOK_TOKENS} token ids")
+        array("q", ids)  # every one a 64-bit integer (hashing checks whole blocks only)
+        return len(ids), block_hashes_from_tokens(ids, cfg.block_size)
+    except Exception as exc:
+        now = time.monotonic()
+        if now - _TOKENIZE_FAILED[0] >= 60.0:  # once a minute, with how many since
+            _TOKENIZE_FAILED[0] = now
+            log.warning(
+                "the agentic_router_tokenize hook failed (%d times): %r; routing on the text",
+                _TOKENIZE_FAILED[1] + 1,
+                exc,
+            )
+        _TOKENIZE_FAILED[1] += 1
+        return None
 
 
 def text_geometry(chars: int, chars_per_token: float, block_size: int) -> tuple[int, int]:

@@ -76,6 +76,7 @@ PolicySpec(decode_selector=...) whose selector sees events via on_event.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import random
@@ -339,7 +340,8 @@ class Router(WorkerChanges, ReplicaApply):
         for fname in spec.filters:
             flt = self.components.filters[fname]
             try:
-                keep = [bool(k) for k in flt.keep(ctx)]
+                # at most one flag more than candidates: an endless generator ends here
+                keep = [bool(k) for k in itertools.islice(flt.keep(ctx), len(ctx.candidates) + 1)]
                 if len(keep) != len(ctx.candidates):
                     raise ValueError(f"returned {len(keep)} flags for {len(ctx.candidates)}")
             except Exception:

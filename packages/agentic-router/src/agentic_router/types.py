@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_router.settings import fraction, non_negative, positive, setting, validate
+from agentic_router.settings import at_least, fraction, non_negative, positive, setting, validate
 
 __all__ = [
     "Clock",
@@ -245,7 +245,7 @@ class RouterConfig:
         4.0,
         "prompt characters per token, to estimate a text prompt's length and cut it into "
         "blocks when no token ids are available",
-        check=positive,
+        check=at_least(0.1),
     )
     registry_capacity_tokens: int = setting(
         650_000,
