@@ -106,6 +106,10 @@ def at_least(low: float) -> Check:
     return check
 
 
+def port_number(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "a port number, 0 to 65535"
+
+
 def fraction(*, open_low: bool = False) -> Check:
     """In [0, 1], or (0, 1] with `open_low`."""
 
@@ -239,12 +243,22 @@ def _as_list(raw: Any) -> tuple[str, ...]:
     if isinstance(raw, str):
         items = [p.strip() for p in raw.split(",")]
     elif isinstance(raw, list | tuple):
-        items = [str(p).strip() for p in raw]
+        items = [_item(p) for p in raw]
     elif isinstance(raw, dict):  # YAML mapping form of key=value lists
-        items = [f"{k}={v}" for k, v in raw.items()]
+        items = [f"{_item(k)}={_item(v)}" for k, v in raw.items()]
     else:
         raise TypeError(f"expected a list, got {type(raw).__name__}")
     return tuple(p for p in items if p)
+
+
+def _item(value: Any) -> str:
+    """One item of a list setting: a scalar. (A nested list could be a YAML alias bomb:
+    400 bytes whose str() is hundreds of MB.)"""
+    if isinstance(value, list | tuple | dict | set):
+        raise TypeError(
+            f"expected a list of single values, got an item that is a {type(value).__name__}"
+        )
+    return str(value).strip()
 
 
 def _scalar(kind: type, raw: Any) -> Any:

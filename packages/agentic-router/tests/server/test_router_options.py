@@ -19,7 +19,7 @@ import pytest
 from agentic_common.testing import free_port
 from agentic_router.hookspecs import hookimpl
 from agentic_router.plugins import check_router_options, describe, make_plugin_manager
-from agentic_router.server._config import ConfigError
+from agentic_router.server import ConfigError
 from agentic_router.server._routing import RoutingCore
 from agentic_router.types import RouterConfig, RouterOption
 

@@ -4,6 +4,7 @@ says when it cannot, and how the admin token reaches it without showing in ps.""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -95,3 +96,75 @@ def test_a_token_on_the_command_line_is_warned_about() -> None:
     assert len(warnings) == 1, out
     assert "--admin-token-file" in warnings[0]
     assert TOKEN not in out
+
+
+def _refusal(tmp_path: Path, case: str) -> list[str]:
+    """The serve arguments of one bad start-up (files made under tmp_path)."""
+    fifo = tmp_path / "fifo"
+    if case in ("config-fifo", "token-fifo"):
+        os.mkfifo(fifo)
+    config = tmp_path / "router.yaml"
+    if case == "config-not-utf8":
+        config.write_bytes(b"port: 8000\nhost: \xff\n")
+    elif case == "config-deep":
+        config.write_text("port: " + "[" * 2000 + "]" * 2000 + "\n")
+    elif case == "config-bad-yaml-with-token":
+        config.write_text(f'admin_token: "{TOKEN}\nport: 8000\n')
+    elif case == "config-bomb":
+        parts = ["&a [x, x, x, x, x, x, x, x, x]"]
+        for i, n in enumerate("bcdefgh"):
+            parts.append(f"&{n} [" + ", ".join([f"*{'abcdefgh'[i]}"] * 9) + "]")
+        config.write_text(f"session_headers: [{', '.join(parts)}]\n")
+    log_file = tmp_path / "a-file"
+    log_file.write_text("")
+    return {
+        "port-too-big": ["--port", "70000"],
+        "port-negative": ["--port", "-1"],
+        "config-fifo": ["--config", str(fifo)],
+        "config-dev-zero": ["--config", "/dev/zero"],
+        "token-fifo": ["--admin-token-file", str(fifo)],
+        "config-not-utf8": ["--config", str(config)],
+        "config-deep": ["--config", str(config)],
+        "config-bad-yaml-with-token": ["--config", str(config)],
+        "config-bomb": ["--config", str(config)],
+        "store-port": ["--engine-state-uri", "redis://:pw@127.0.0.1:99999/0"],
+        "replica-store-port": ["--shared-state-uri", "redis://127.0.0.1:99999/0"],
+    }.get(case, ["--log-dir", str(log_file)])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "port-too-big",
+        "port-negative",
+        "config-fifo",
+        "config-dev-zero",
+        "token-fifo",
+        "config-not-utf8",
+        "config-deep",
+        "config-bad-yaml-with-token",
+        "config-bomb",
+        "store-port",
+        "replica-store-port",
+        "log-dir-a-file",
+    ],
+)
+def test_a_bad_start_up_setting_is_one_line_not_a_traceback_or_a_hang(
+    tmp_path: Path, case: str
+) -> None:
+    """Found by an audit: each was a traceback, a hang (a FIFO, /dev/zero), a wrong
+    port under uvloop (70000 listened on 4464), a YAML error quoting the admin token,
+    or 600 MB of YAML aliases accepted as header names."""
+    proc = _serve("--port", str(free_port()), *_refusal(tmp_path, case))
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"serve hung: {out}") from None
+    assert proc.returncode in (1, 2), out
+    assert "Traceback" not in out, out
+    assert len(out.strip().splitlines()) == 1, out
+    assert out.startswith("agentic-router serve: "), out
+    assert TOKEN not in out
+    assert "pw" not in out.replace("pw@", "")  # the password masked, not shown

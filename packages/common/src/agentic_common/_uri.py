@@ -101,6 +101,10 @@ def split_redis_uri(uri: str, options: Collection[str]) -> tuple[str, dict[str, 
         raise ValueError(f"not a redis:// or rediss:// URI: {redact_uri(uri)!r}")
     if not parts.hostname:
         raise ValueError(f"redis URI needs a host: {redact_uri(uri)!r}")
+    try:
+        parts.port  # noqa: B018 (raises for a port outside 0-65535, as redis-py would later)
+    except ValueError:
+        raise ValueError(f"redis URI port must be 0-65535: {redact_uri(uri)!r}") from None
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):

@@ -10,8 +10,9 @@ import sys
 from typing import Any, Final
 
 from agentic_common import redact_uri
-from agentic_router.server._config import ConfigError, ServerConfig, load_config
+from agentic_router.server._config import ServerConfig, load_config
 from agentic_router.server._config import add_arguments as _add_settings
+from agentic_router.server._files import ConfigError
 
 #: seconds the tasks left at exit get to end once cancelled
 CLOSE_TIMEOUT_S: Final = 5.0
@@ -85,7 +86,11 @@ async def _serve(app: Any, config: ServerConfig) -> int:
     # aiohttp's own shutdown (after ours) gives a connection this long to end its answer
     runner = make_runner(app, shutdown_timeout=CUT_S)
     signals: StopSignals | None = None
-    await runner.setup()
+    try:
+        await runner.setup()  # the app's start-up: its log files, the feed's reader, ...
+    except OSError as exc:  # e.g. --log-dir names a file
+        print(f"agentic-router serve: cannot start: {exc}", file=sys.stderr)
+        return 1
     try:
         site = web.TCPSite(runner, config.host, config.port)
         try:

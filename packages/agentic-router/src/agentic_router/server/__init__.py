@@ -8,6 +8,7 @@ P/D modes.
 """
 
 from agentic_router.server._app import PROXY, create_app
-from agentic_router.server._config import ConfigError, ServerConfig, load_config
+from agentic_router.server._config import ServerConfig, load_config
+from agentic_router.server._files import ConfigError
 
 __all__ = ["PROXY", "ConfigError", "ServerConfig", "create_app", "load_config"]

@@ -161,8 +161,7 @@ class Proxy:
     # ---- lifecycle (cleanup_ctx) ----
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        await self.client.start()
-        if self.config.log_dir:
+        if self.config.log_dir:  # first: a --log-dir it cannot use stops it, nothing to undo
             from agentic_router._logs import JsonlLogs
 
             self.acct.logs = JsonlLogs(
@@ -170,6 +169,7 @@ class Proxy:
                 max_bytes=self.config.log_max_bytes,
                 backups=self.config.log_backups,
             )
+        await self.client.start()
         tasks: list[asyncio.Task[None]] = []
         if self.config.health_check_interval_s > 0:
             checker = HealthChecker(self.config, self.acct, self.client)

@@ -23,7 +23,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -38,12 +37,14 @@ from agentic_router.server._engines import (
     check_roles,
     startup_file_engines,
 )
+from agentic_router.server._files import ConfigError, read_small_file, yaml_problem
 from agentic_router.settings import (
     ENV_PREFIX,
     Declared,
     SettingError,
     at_least,
     non_negative,
+    port_number,
     positive,
     setting,
 )
@@ -81,10 +82,6 @@ def _replica_id(value: Any) -> str | None:
     if not _REPLICA_ID.fullmatch(value):
         return "1 to 64 letters, digits, _ . : or -"
     return None
-
-
-class ConfigError(SettingError):
-    """A setting with a bad value; the message names the setting and its source."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +188,7 @@ class ServerConfig:
         why="nothing but /state and /admin/workers is authenticated: expose the router "
         "deliberately",
     )
-    port: int = setting(8000, "port to listen on")
+    port: int = setting(8000, "port to listen on", check=port_number)
     admin_token: str | None = setting(
         None,
         "bearer token for GET /state and the worker API (/admin/workers); both answer 403 "
@@ -447,11 +444,7 @@ class ServerConfig:
 
 
 def _read_token(path: str) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(f"cannot read admin_token_file {path}: {reason}") from None
+    token = read_small_file(path, "admin_token_file").strip()
     if not token:
         raise ConfigError(f"admin_token_file {path} is empty")
     return token
@@ -500,11 +493,11 @@ def _read_yaml(path: str) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read --config {path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config {path} is not valid YAML: {exc}") from None
+        data = yaml.safe_load(read_small_file(path, "--config"))
+    except yaml.YAMLError as exc:  # its str() quotes the lines around: a token there
+        raise ConfigError(f"--config {path} is not valid YAML: {yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"--config {path} is nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -29,8 +29,9 @@ from agentic_router.plugins import check_router_options, make_plugin_manager
 from agentic_router.prefix import TextChainMemo
 from agentic_router.request import build_routing_request
 from agentic_router.router import Router
-from agentic_router.server._config import ConfigError, ServerConfig, router_config
+from agentic_router.server._config import ServerConfig, router_config
 from agentic_router.server._exposition import Family
+from agentic_router.server._files import ConfigError
 from agentic_router.server._parse import ParsedRequest
 from agentic_router.server._replica_view import replica_families
 from agentic_router.types import RouterConfig, RoutingRequest
