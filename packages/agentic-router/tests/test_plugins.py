@@ -302,3 +302,52 @@ def test_a_filter_that_yields_without_end_is_skipped(make_router: MakeRouter) ->
     router = make_router(3, "endless_policy", plugins=[Plugin()])
     d = router.decide(RoutingRequest("r", None, 10))
     assert d.worker in (0, 1, 2)
+
+
+def _broken(hook: str, answer: Any) -> object:
+    class Broken:
+        pass
+
+    def impl(self: Any, config: RouterConfig | None = None) -> Any:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    impl.__name__ = hook
+    if hook == "agentic_router_options":
+
+        def options(self: Any) -> Any:
+            return impl(self)
+
+        options.__name__ = hook
+        setattr(Broken, hook, hookimpl(options))
+    else:
+        setattr(Broken, hook, hookimpl(impl))
+    return Broken()
+
+
+@pytest.mark.parametrize(
+    ("hook", "answer"),
+    [
+        ("agentic_router_scorers", RuntimeError("boom")),
+        ("agentic_router_scorers", 42),
+        ("agentic_router_scorers", [object()]),
+        ("agentic_router_policies", RuntimeError("boom")),
+        ("agentic_router_options", RuntimeError("boom")),
+        ("agentic_router_options", ["not an option"]),
+    ],
+)
+def test_a_registration_hook_that_fails_leaves_its_plugin_out_not_the_router(
+    hook: str, answer: Any, make_router: MakeRouter
+) -> None:
+    """Each stopped `serve` with a traceback (RuntimeError, TypeError: 'int' object is
+    not iterable, AttributeError: 'name'); the plugin is now left out and recorded."""
+    plugin = _broken(hook, answer)
+    pm = make_plugin_manager(load_entry_points=False, plugins=[plugin])
+    from agentic_router.plugins import declared_options
+
+    declared_options(pm)
+    Components.collect(pm, RouterConfig())
+    assert next(iter(pm.agentic_failed.values())).startswith(hook)
+    router = make_router(2, "unified", plugins=[plugin])
+    assert router.decide(RoutingRequest("r", None, 10)).worker in (0, 1)

@@ -123,6 +123,17 @@ def _plugin_name(pm: pluggy.PluginManager, impl: Any) -> str:
     return str(name) if name is not None else repr(impl.plugin)
 
 
+def _hook_failed(pm: pluggy.PluginManager, impl: Any, hook: str, exc: Exception) -> None:
+    """A plugin's registration hook raised or answered what is not its kind: the
+    plugin is left out (its names unknown: a policy needing them is refused by name),
+    recorded as failed, and the router goes on with the others."""
+    name = _plugin_name(pm, impl)
+    log.warning("plugin %s: %s failed, its part left out: %r", name, hook, exc)
+    failed = getattr(pm, "agentic_failed", None)
+    if isinstance(failed, dict):
+        failed.setdefault(name, f"{hook}: {exc!r}")
+
+
 def declared_options(pm: pluggy.PluginManager) -> dict[str, tuple[RouterOption, str]]:
     """Every router option the plugins declare: name -> (option, plugin name).
 
@@ -132,7 +143,14 @@ def declared_options(pm: pluggy.PluginManager) -> dict[str, tuple[RouterOption, 
     out: dict[str, tuple[RouterOption, str]] = {}
     for impl in pm.hook.agentic_router_options.get_hookimpls():
         plugin = _plugin_name(pm, impl)
-        for option in cast("Sequence[RouterOption] | None", impl.function()) or ():
+        try:
+            declared = list(cast("Sequence[RouterOption] | None", impl.function()) or ())
+            if not all(isinstance(o, RouterOption) for o in declared):
+                raise TypeError("an option that is not a RouterOption")
+        except Exception as exc:
+            _hook_failed(pm, impl, "agentic_router_options", exc)
+            continue
+        for option in declared:
             if option.name in config_keys:
                 raise ValueError(
                     f"plugin {plugin!r} declares router option {option.name!r}, "
@@ -224,8 +242,14 @@ class Components:
             ("policy", pm.hook.agentic_router_policies, comp.policies),
         ):
             for impl in hook.get_hookimpls():  # registration order: builtin first
-                result = cast("Sequence[Any] | None", impl.function(config=config))
-                for obj in result or ():
+                try:
+                    got = list(cast("Sequence[Any] | None", impl.function(config=config)) or ())
+                    if not all(isinstance(getattr(o, "name", None), str) for o in got):
+                        raise TypeError(f"a {kind} without a name")
+                except Exception as exc:
+                    _hook_failed(pm, impl, hook.name, exc)
+                    continue
+                for obj in got:
                     name = obj.name
                     key = f"{kind}:{name}"
                     if name in target:
