@@ -201,6 +201,23 @@ def test_analyze_skips_and_counts_what_no_writer_wrote(tmp_path: Path) -> None:
     assert report["requests"]["ttft_s"]["count"] == 1
 
 
+@pytest.mark.parametrize("bad", ["connections", "timeout", "out"])
+def test_bench_refuses_a_bad_flag_before_sending_anything(tmp_path: Path, bad: str) -> None:
+    """--max-connections -1 hung for ever; --out naming a file ran the whole bench and
+    then lost its results in a traceback."""
+    (tmp_path / "file").write_text("")
+    flags = {
+        "connections": ["--max-connections", "-1"],
+        "timeout": ["--timeout-s", "nan"],
+        "out": ["--out", str(tmp_path / "file")],
+    }[bad]
+    url = f"http://127.0.0.1:{free_port()}"
+    result = _run("bench", "--url", url, "--trace", "agentic", "--limit", "3", *flags)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("agentic-router bench: error: ")
+    assert "Traceback" not in result.stderr
+
+
 def test_bench_against_nothing_exits_1_and_says_why_and_compare_aligns(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens: every request fails
     for label in ("a", "b"):

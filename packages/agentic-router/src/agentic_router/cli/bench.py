@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -133,6 +134,17 @@ def _run_bench(args: argparse.Namespace) -> int:
             raise ValueError("--speedup must be > 0")
         if not args.url.startswith(("http://", "https://")):
             raise ValueError(f"--url must start with http:// or https://, got {args.url!r}")
+        if args.max_connections < 1:
+            raise ValueError("--max-connections must be >= 1")
+        if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
+            raise ValueError("--timeout-s must be a positive number")
+        out_dir: Path = args.out / args.label
+        try:  # before a request is sent: the results must have somewhere to go
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(
+                f"--out: cannot write results under {out_dir}: {exc.strerror}"
+            ) from None
     except (TraceError, ValueError) as exc:
         sys.stderr.write(f"agentic-router bench: error: {exc}\n")
         return 2
@@ -166,7 +178,6 @@ def _run_bench(args: argparse.Namespace) -> int:
         extra={"wall_s": wall, "speedup": args.speedup},
     )
     progress.done(args.label, summary)
-    out_dir: Path = args.out / args.label
     payload = {"command": "bench", "trace": ts, "url": args.url, "summary": summary}
     write_json(out_dir / "results.json", payload)
     write_records(out_dir / "requests.jsonl", records)
