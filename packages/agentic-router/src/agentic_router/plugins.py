@@ -124,9 +124,10 @@ def _plugin_name(pm: pluggy.PluginManager, impl: Any) -> str:
 
 
 def _hook_failed(pm: pluggy.PluginManager, impl: Any, hook: str, exc: Exception) -> None:
-    """A plugin's registration hook raised or answered what is not its kind: the
-    plugin is left out (its names unknown: a policy needing them is refused by name),
-    recorded as failed, and the router goes on with the others."""
+    """A plugin's registration hook raised (not a ValueError: that is its verdict on
+    a setting, raised as is) or answered what is not its kind: the plugin is left
+    out (its names unknown: a policy needing them is refused by name), recorded as
+    failed, and the router goes on with the others."""
     name = _plugin_name(pm, impl)
     log.warning("plugin %s: %s failed, its part left out: %r", name, hook, exc)
     failed = getattr(pm, "agentic_failed", None)
@@ -147,6 +148,8 @@ def declared_options(pm: pluggy.PluginManager) -> dict[str, tuple[RouterOption, 
             declared = list(cast("Sequence[RouterOption] | None", impl.function()) or ())
             if not all(isinstance(o, RouterOption) for o in declared):
                 raise TypeError("an option that is not a RouterOption")
+        except ValueError:
+            raise  # the plugin's own verdict on a setting: the message says which
         except Exception as exc:
             _hook_failed(pm, impl, "agentic_router_options", exc)
             continue
@@ -246,6 +249,8 @@ class Components:
                     got = list(cast("Sequence[Any] | None", impl.function(config=config)) or ())
                     if not all(isinstance(getattr(o, "name", None), str) for o in got):
                         raise TypeError(f"a {kind} without a name")
+                except ValueError:
+                    raise  # a bad setting the plugin refuses (a knob's value): its message
                 except Exception as exc:
                     _hook_failed(pm, impl, hook.name, exc)
                     continue
