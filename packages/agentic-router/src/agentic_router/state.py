@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Final
 
+from agentic_router._blocks import WorkerBlocks
 from agentic_router._sequences import RequestIndex, SequenceEntry, WorkerLoad
 from agentic_router._worker_table import WorkerTable
 
@@ -126,12 +126,6 @@ class ActiveSequences:
             load.num_prefilling -= 1
 
 
-@dataclass
-class _WorkerBlocks:
-    # hash -> last touch time; order = recency (front is least recently used)
-    lru: OrderedDict[int, float] = field(default_factory=OrderedDict)
-
-
 #: the arrival terms' epoch moves on at this many rate windows old (exp(709) overflows)
 _EPOCH_SPAN: Final = 500.0
 
@@ -179,8 +173,8 @@ class PromptRegistry:
         self.ttl_s = ttl_s
         self.session_capacity = session_capacity
         self.session_ttl_s = session_ttl_s
-        self._workers = [_WorkerBlocks() for _ in range(num_workers)]
         self._holders: dict[int, int] = {}  # block hash -> bitmask of workers holding it
+        self._workers = [WorkerBlocks(1 << w, self._holders) for w in range(num_workers)]
         self._loads = [WorkerLoad() for _ in range(num_workers)]
         # session -> (home worker, last seen); order = recency
         self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -194,23 +188,14 @@ class PromptRegistry:
         self._arrivals.append(0.0)
         self.capacity_tokens.append(self._default_capacity)
         self._block_tokens.append(1)
-        self._workers.append(_WorkerBlocks())
+        self._workers.append(WorkerBlocks(1 << len(self._workers), self._holders))
         self._loads.append(WorkerLoad())
 
     def forget_worker(self, worker: int) -> None:
         """A retired worker: drop the prefix blocks it held and the sessions homed on
         it (their next turn finds a new home), so its slot costs nothing but its
         place in the arrays."""
-        keep = ~(1 << worker)
-        holders = self._holders
-        lru = self._workers[worker].lru
-        for h in lru:
-            mask = holders.get(h, 0) & keep
-            if mask:
-                holders[h] = mask
-            else:
-                holders.pop(h, None)
-        self._workers[worker] = _WorkerBlocks()
+        self._workers[worker].forget()
         for sid in [s for s, (w, _) in self._sessions.items() if w == worker]:
             del self._sessions[sid]
         for sid in [s for s, (w, _, _) in self._active.items() if w == worker]:
@@ -268,64 +253,17 @@ class PromptRegistry:
     def touch(
         self, worker: int, block_hashes: Sequence[int], now: float, *, block_size: int
     ) -> None:
-        """The worker now holds these blocks (`block_size` tokens each), most recently."""
+        """The worker now holds these blocks (`block_size` tokens each), most recently
+        (`agentic_router._blocks`: a session's next turn costs its new blocks)."""
         self._block_tokens[worker] = max(1, block_size)
-        lru = self._workers[worker].lru
-        holders = self._holders
-        bit = 1 << worker
-        # Per block, last to first: new -> its holder bit; held -> to the end; then
-        # stamped `now`. Membership is prefix-closed, so a chain is a new tail (a
-        # turn's new blocks) then a held head (~800 blocks at 200 KB): the tail is
-        # tested block by block, the head just moved (a KeyError, i.e. a new block
-        # after all, is still handled), one C call per block fewer.
-        newest_first = reversed(block_hashes)
-        for h in newest_first:
-            if h in lru:
-                lru.move_to_end(h)
-                lru[h] = now
-                break
-            holders[h] = holders.get(h, 0) | bit
-            lru[h] = now
-        move_to_end = lru.move_to_end
-        for h in newest_first:
-            try:
-                move_to_end(h)
-            except KeyError:
-                holders[h] = holders.get(h, 0) | bit
-            lru[h] = now
+        self._workers[worker].touch(block_hashes, now)
         self._evict(worker, now)
 
     def _evict(self, worker: int, now: float) -> None:
         """Drop the least recently used blocks past the worker's capacity, then those
-        untouched for ttl_s. A new chain (a session's first turn, ~600 blocks at
-        200 KB) evicts as many at once: they are popped in one tight loop."""
-        lru = self._workers[worker].lru
-        holders = self._holders
-        keep = ~(1 << worker)
-        popitem = lru.popitem
-        get = holders.get
-        excess = len(lru) - self.capacity_blocks(worker)
-        for _ in range(excess):
-            h = popitem(last=False)[0]
-            mask = get(h, 0) & keep
-            if mask:
-                holders[h] = mask
-            else:
-                holders.pop(h, None)
-        evicted = max(0, excess)
-        cutoff = now - self.ttl_s
-        while lru:
-            h, ts = next(iter(lru.items()))
-            if ts >= cutoff:
-                break
-            popitem(last=False)
-            mask = get(h, 0) & keep
-            if mask:
-                holders[h] = mask
-            else:
-                holders.pop(h, None)
-            evicted += 1
-        self.evicted_blocks += evicted
+        untouched for ttl_s."""
+        cap = self.capacity_blocks(worker)
+        self.evicted_blocks += self._workers[worker].evict(cap, now - self.ttl_s)
 
     def expire(self, now: float) -> None:
         """Drop entries older than their TTL everywhere (call now and then)."""
@@ -385,10 +323,10 @@ class PromptRegistry:
         return [found(c, 0) for c in cands]
 
     def blocks_held(self, worker: int) -> int:
-        return len(self._workers[worker].lru)
+        return len(self._workers[worker])
 
     def total_blocks(self) -> int:
-        return sum(len(w.lru) for w in self._workers)
+        return sum(len(w) for w in self._workers)
 
     # -- session homes ---------------------------------------------------
     def bind_session(self, session_id: str, worker: int, now: float, tokens: int = 0) -> None:
