@@ -267,10 +267,13 @@ def _deep_size(registry: PromptRegistry) -> int:
         if id(h) not in seen:
             seen.add(id(h))
             size += sys.getsizeof(h)
-    for wb in registry._workers:
-        size += sys.getsizeof(wb.lru) + sys.getsizeof(wb)
-        for ts in {id(v): v for v in wb.lru.values()}.values():
-            size += sys.getsizeof(ts)
+    for wb in registry._workers:  # agentic_router._blocks.WorkerBlocks
+        size += sys.getsizeof(wb) + sys.getsizeof(wb.stamps)
+        size += sys.getsizeof(wb._log) + sys.getsizeof(wb._by_tail)
+        touches = {id(t): t for t in wb.stamps.values()}
+        touches.update((id(t), t) for t in wb._log)
+        for t in touches.values():  # each touch, and the chain it keeps while logged
+            size += sys.getsizeof(t) + (sys.getsizeof(t.chain) if t.chain else 0)
     size += sys.getsizeof(registry._sessions)
     for sid, entry in registry._sessions.items():
         size += sys.getsizeof(sid) + sys.getsizeof(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -35,6 +36,8 @@ def test_token_chains_share_exactly_the_common_full_blocks(
     while shared < min(len(ha), len(hb)) and ha[shared] == hb[shared]:
         shared += 1
     assert shared == min(common // bs, len(ha), len(hb))
+    # ids a tokenize hook's result was packed into hash the same as the list
+    assert block_hashes_from_tokens(array("q", a), bs) == ha
 
 
 def test_chain_depends_on_everything_before() -> None:

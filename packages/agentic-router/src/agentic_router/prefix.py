@@ -68,10 +68,13 @@ def block_hashes_from_tokens(token_ids: Sequence[int], block_size: int) -> tuple
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     full = len(token_ids) // block_size * block_size
-    try:
-        packed = array("q", token_ids[:full])
-    except (OverflowError, TypeError) as exc:
-        raise ValueError(f"token ids must be 64-bit integers: {exc}") from None
+    if isinstance(token_ids, array) and token_ids.typecode == "q":
+        packed = token_ids[:full]  # checked already: packed by the caller
+    else:
+        try:
+            packed = array("q", token_ids[:full])
+        except (OverflowError, TypeError) as exc:
+            raise ValueError(f"token ids must be 64-bit integers: {exc}") from None
     return _chain_blocks(packed.tobytes(), block_size * packed.itemsize, ROOT_HASH)
 
 

@@ -135,8 +135,9 @@ def _tokenized(
         ids = list(itertools.islice(got, MAX_HOOK_TOKENS + 1))
         if len(ids) > MAX_HOOK_TOKENS:
             raise ValueError(f"more than {MAX_HOOK_TOKENS} token ids")
-        array("q", ids)  # every one a 64-bit integer (hashing checks whole blocks only)
-        return len(ids), block_hashes_from_tokens(ids, cfg.block_size)
+        # every one a 64-bit integer (hashing would check whole blocks only), packed once
+        packed = array("q", ids)
+        return len(packed), block_hashes_from_tokens(packed, cfg.block_size)
     except Exception as exc:
         now = time.monotonic()
         if now - _TOKENIZE_FAILED[0] >= 60.0:  # once a minute, with how many since
