@@ -55,7 +55,9 @@ _step = st.tuples(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_step, max_size=60), st.floats(2.0, 50.0))
-def test_holds_and_evicts_what_a_textbook_lru_does(steps: list, ttl: float) -> None:
+def test_holds_and_evicts_what_a_textbook_lru_does(
+    steps: list[tuple[int, str, list[int], float, int]], ttl: float
+) -> None:
     blocks, model = WorkerBlocks(1, {}), TextbookLru()
     prompts: list[tuple[int, ...]] = [(7,), (7, 8), (9,), (7, 8, 1)]
     now = 0.0
@@ -84,11 +86,9 @@ def test_holds_and_evicts_what_a_textbook_lru_does(steps: list, ttl: float) -> N
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.lists(st.integers(0, 6), max_size=8), st.integers(1, 10)), max_size=40
-    )
+    st.lists(st.tuples(st.lists(st.integers(0, 6), max_size=8), st.integers(1, 10)), max_size=40)
 )
-def test_any_block_ids_stay_bounded_and_consistent(touches: list) -> None:
+def test_any_block_ids_stay_bounded_and_consistent(touches: list[tuple[list[int], int]]) -> None:
     """Ids that are not a prefix chain (repeats, a block after a missing one): the
     capacity still holds and the holders index agrees with what each worker holds."""
     reg = PromptRegistry(3, capacity_tokens=10, ttl_s=1e9)
@@ -113,4 +113,5 @@ def test_a_session_turn_forwards_instead_of_rewriting() -> None:
         assert blocks.evict(60, -1.0) == max(0, 2 * (turn + 1) - 60)
     assert sum(e.chain is not None for e in blocks._log) == 1
     chain = _chain(shape)
-    assert all(h in blocks for h in chain[:60]) and not any(h in blocks for h in chain[60:])
+    assert all(h in blocks for h in chain[:60])
+    assert not any(h in blocks for h in chain[60:])
