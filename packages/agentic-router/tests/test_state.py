@@ -291,3 +291,21 @@ def test_touch_keeps_any_ids_bounded_and_indexed(
             for h in reg._workers[w].stamps:
                 masks[h] = masks.get(h, 0) | 1 << w
         assert reg._holders == masks
+
+
+def test_a_repeated_match_sees_every_change_since() -> None:
+    """The reservation's lookup right after its decision reuses the decision's, but a
+    touch, an eviction or a retired worker in between is seen."""
+    reg = PromptRegistry(3, capacity_tokens=4 * 16, ttl_s=100.0)
+    chain = (11, 12, 13)
+    reg.touch(0, chain, 0.0, block_size=16)
+    assert reg.matched_blocks(chain, [0, 1, 2]) == [3, 0, 0]
+    assert reg.matched_blocks(chain, (0,)) == [3]
+    reg.touch(1, chain[:2], 1.0, block_size=16)
+    assert reg.matched_blocks(chain, (1,)) == [2]
+    reg.touch(0, (21, 22, 23), 2.0, block_size=16)  # evicts 13 and 12 on worker 0
+    assert reg.matched_blocks(chain, [0, 1]) == [1, 2]
+    reg.forget_worker(1)
+    assert reg.matched_blocks(chain, [0, 1]) == [1, 0]
+    reg.expire(200.0)  # the TTL
+    assert reg.matched_blocks(chain, [0, 1, 2]) == [0, 0, 0]

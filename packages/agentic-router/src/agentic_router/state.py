@@ -180,6 +180,10 @@ class PromptRegistry:
         self._sessions: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.evicted_blocks = 0
         self.evicted_sessions = 0
+        # what the holders looked like, by change count, and the latest match made on
+        # them: (chain, version, workers searched as a bitmask, worker -> depth > 0)
+        self._version = 0
+        self._last_match: tuple[Sequence[int], int, int, dict[int, int]] | None = None
 
     # -- workers joining and leaving ---------------------------------------
     def add_worker(self) -> None:
@@ -196,6 +200,7 @@ class PromptRegistry:
         it (their next turn finds a new home), so its slot costs nothing but its
         place in the arrays."""
         self._workers[worker].forget()
+        self._version += 1
         for sid in [s for s, (w, _) in self._sessions.items() if w == worker]:
             del self._sessions[sid]
         for sid in [s for s, (w, _, _) in self._active.items() if w == worker]:
@@ -256,6 +261,7 @@ class PromptRegistry:
         """The worker now holds these blocks (`block_size` tokens each), most recently
         (`agentic_router._blocks`: a session's next turn costs its new blocks)."""
         self._block_tokens[worker] = max(1, block_size)
+        self._version += 1
         self._workers[worker].touch(block_hashes, now)
         self._evict(worker, now)
 
@@ -263,7 +269,10 @@ class PromptRegistry:
         """Drop the least recently used blocks past the worker's capacity, then those
         untouched for ttl_s."""
         cap = self.capacity_blocks(worker)
-        self.evicted_blocks += self._workers[worker].evict(cap, now - self.ttl_s)
+        dropped = self._workers[worker].evict(cap, now - self.ttl_s)
+        if dropped:
+            self._version += 1
+            self.evicted_blocks += dropped
 
     def expire(self, now: float) -> None:
         """Drop entries older than their TTL everywhere (call now and then)."""
@@ -286,20 +295,27 @@ class PromptRegistry:
         the chain for all workers at once: one lookup splits a set of workers into
         those that hold the middle block and those that do not, so a request costs
         about (distinct depths x log2(blocks)) lookups, not one per block (a 200 KB
-        prompt is ~800 blocks, and this runs twice per request).
+        prompt is ~800 blocks). A request's reservation asks again right after its
+        decision; that answer is remembered.
         """
         cands = candidates if isinstance(candidates, list) else list(candidates)
         if not block_hashes:
             return [0] * len(cands)
+        last = self._last_match
+        if last is not None and last[0] is block_hashes and last[1] == self._version:
+            # the same chain again with nothing touched or evicted since (the
+            # reservation right after its decision): the depths found then stand
+            searched, depths = last[2], last[3]
+            if all(searched >> c & 1 for c in cands):
+                return [depths.get(c, 0) for c in cands]
+        n = len(self._workers)
+        scope = (1 << n) - 1
+        if len(cands) != n:
+            scope = 0
+            for c in cands:
+                scope |= 1 << c
         get = self._holders.get
-        alive = get(block_hashes[0], 0)
-        if alive:
-            n = len(self._workers)
-            if len(cands) != n:
-                cmask = 0
-                for c in cands:
-                    cmask |= 1 << c
-                alive &= cmask
+        alive = get(block_hashes[0], 0) & scope
         if not alive:
             return [0] * len(cands)
         depth_of: dict[int, int] = {}
@@ -319,6 +335,7 @@ class PromptRegistry:
                 todo.append((mid, hi, deeper))
             if deeper != mask:
                 todo.append((lo, mid - 1, mask ^ deeper))
+        self._last_match = (block_hashes, self._version, scope, depth_of)
         found = depth_of.get
         return [found(c, 0) for c in cands]
 
