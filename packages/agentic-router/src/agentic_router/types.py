@@ -50,7 +50,7 @@ class RealStateRules:
     big_prefill_threshold: int = 32768
     stall_hold_s: float = 30.0
     step_stall_s: float = 5.0
-    others_hold_s: float = 10.0
+    others_hold_s: float = 60.0
     prefill_tokens_per_s: float = 20_000.0
 
 
@@ -119,14 +119,16 @@ class RouterConfig:
         check=positive,
     )
     others_hold_s: float = setting(
-        10.0,
+        60.0,
         "seconds a stale snapshot's load beyond the router's own (other routers' and "
         "clients' requests) still counts; then the router's own load alone",
-        why="an engine's publisher goes silent in the big prefill steps of a busy engine; "
-        "read as the router's own load alone, that engine looked nearly empty to every "
-        "router that shares nothing with the others (4 such routers, agentic trace at 2x, "
-        "8 engines, seed 0: load_only's mean TTFT 3.65 s with the feed against 2.74 s "
-        "without; 2.63 s with the hold)",
+        why="an engine's publisher goes silent in the big prefill steps of a busy engine, "
+        "for tens of seconds under load; read as the router's own load alone, that engine "
+        "looked nearly empty to every router that shares nothing with the others (4 such "
+        "routers, Mooncake trace, 8 engines, seeds 0-2, mean TTFT feed off / on: lmetric "
+        "at 3x 15.2 / 20.8 s with a 10 s hold, 15.2 / 8.9 s with 60 s; load_only at 2x "
+        "2.70 / 5.69 s, 2.70 / 3.72 s; one router, or replicas that sync, read the same "
+        "with any hold)",
         check=positive,
     )
     # the predicted-TTFT cost (agentic_router.cost); defaults: Qwen3-30B-A3B BF16, one H200
