@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentic_router.cli import main
-from agentic_router.sim import SimConfig, Simulation, Topology, Trace, run_one
+from agentic_router.sim import RunResult, SimConfig, Simulation, Topology, Trace, run_one
 from agentic_router.sim._report import records_from_run, summarise_run
 from agentic_router.sim._trace import bundled_trace
 
@@ -152,6 +152,23 @@ def test_replay_runs_replicas_and_says_so(
     assert run["completed"] == 60
 
 
+def _unsynced(policy: str, feed: bool, **kw: object) -> SimConfig:
+    """Four routers over 8 engines that share nothing but the feed."""
+    return SimConfig(
+        policy,
+        engine_state=feed,
+        topology=Topology.parse("8"),
+        replicas=4,
+        replica_sync=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _mean_ttft(run: RunResult) -> float:
+    ttfts = [r.first_token_time - r.arrival for r in run.requests]
+    return sum(ttfts) / len(ttfts)
+
+
 def test_routers_that_share_nothing_do_not_crowd_an_engine_whose_feed_went_silent() -> None:
     """Four routers that share nothing but the feed, each with its own sessions (a
     session-affine balancer). A busy engine's publisher goes silent in its big
@@ -165,15 +182,7 @@ def test_routers_that_share_nothing_do_not_crowd_an_engine_whose_feed_went_silen
     point = at_load(bundled_trace(), 2.0)
     means = {}
     for feed in (False, True):
-        config = SimConfig(
-            "load_only",
-            engine_state=feed,
-            topology=Topology.parse("8"),
-            replicas=4,
-            replica_sync=False,
-            replica_spread="session",
-        )
-        sim = Simulation(point.trace, config)
+        sim = Simulation(point.trace, _unsynced("load_only", feed, replica_spread="session"))
         picked_stale = decisions = 0
         for router in sim.driver.replicas:
             decide = router.decide
@@ -187,9 +196,7 @@ def test_routers_that_share_nothing_do_not_crowd_an_engine_whose_feed_went_silen
                 return decision
 
             router.decide = counting  # type: ignore[method-assign]
-        run = sim.run()
-        ttfts = [r.first_token_time - r.arrival for r in run.requests]
-        means[feed] = sum(ttfts) / len(ttfts)
+        means[feed] = _mean_ttft(sim.run())
         if feed:
             assert picked_stale < 0.05 * decisions
     assert means[True] <= means[False]
@@ -209,15 +216,6 @@ def test_routers_that_share_nothing_keep_the_others_load_through_a_long_silence(
     point = at_load(trace, 3.0)
     means = {}
     for feed in (False, True):
-        config = SimConfig(
-            "lmetric",
-            engine_state=feed,
-            topology=Topology.parse("8"),
-            replicas=4,
-            replica_sync=False,
-            speedup=point.speedup,
-        )
-        run = Simulation(point.trace, config).run()
-        ttfts = [r.first_token_time - r.arrival for r in run.requests]
-        means[feed] = sum(ttfts) / len(ttfts)
+        config = _unsynced("lmetric", feed, speedup=point.speedup)
+        means[feed] = _mean_ttft(Simulation(point.trace, config).run())
     assert means[True] < 0.8 * means[False]
