@@ -636,6 +636,84 @@ def test_a_429_is_tried_on_another_engine_without_counting_against_the_busy_one(
     run(main())
 
 
+@pytest.mark.parametrize(("status", "given", "relayed"), [
+    (429, "7", "7"),
+    (503, "7", "7"),
+    (503, "Wed, 21 Oct 2026 07:28:00 GMT", "Wed, 21 Oct 2026 07:28:00 GMT"),
+    (429, "soon", None),  # neither seconds nor a date: nothing a client can act on
+])  # fmt: skip
+def test_an_engines_retry_after_reaches_the_client(
+    status: int, given: str, relayed: str | None
+) -> None:
+    """Clients (the OpenAI SDKs) and load balancers back off by Retry-After; without it
+    they retry an overloaded pool at once."""
+
+    async def main() -> None:
+        a, b = FakeEngine("vllm"), FakeEngine("vllm")
+        for e in (a, b):
+            e.faults.fail_status = status
+            e.faults.fail_headers = {"Retry-After": given}
+        cfg = config(engines=[a.url, b.url], failure_threshold=100)
+        async with a, b, running_router(cfg) as r:
+            code, headers, _ = await _post(r.url, completion_body())
+            assert code == status
+            assert headers.get("Retry-After") == relayed
+            assert len(a.requests) + len(b.requests) == 2  # each engine was tried
+
+    run(main())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_error_quoting_secrets_reaches_the_client_redacted(stream: bool) -> None:
+    """An engine's 5xx text is quoted in the router's error (which engine said what),
+    but an engine that echoes the request's credentials or its own configuration
+    must not hand them to the client."""
+
+    async def main() -> None:
+        a, b = FakeEngine("vllm"), FakeEngine("vllm")
+        for e in (a, b):
+            e.faults.fail_status = 500
+            e.faults.fail_message = (
+                "boom: Authorization: Basic cm91dGVyOkVuZ1Bhc3M5OQ== "
+                "db postgres://app:dbpass42@db:5432/x"
+            )
+        async with a, b, running_router(config(engines=[a.url, b.url])) as r:
+            status, _, data = await _post(r.url, completion_body(stream=stream))
+            message = _router_error(status, data, 502)
+            assert "answered 500" in message
+            assert "boom" in message  # the engine's own words, as far as they are safe
+            assert "dbpass42" not in message
+            assert "cm91dGVyOkVuZ1Bhc3M5OQ==" not in message
+
+    run(main())
+
+
+def test_a_prefill_engines_refusal_keeps_its_retry_after_and_loses_its_secrets() -> None:
+    async def main() -> None:
+        p = FakeEngine("vllm", role="prefill")
+        d = FakeEngine("vllm", role="decode")
+        p.faults.fail_status = 503
+        p.faults.fail_headers = {"Retry-After": "9"}
+        p.faults.fail_message = "overloaded; config redis://:hunter2@cache:6379"
+        cfg = config(
+            prefill=[p.url],
+            decode=[d.url],
+            pd_protocol="vllm",
+            max_retries=0,
+            failure_threshold=100,
+        )
+        async with p, d, running_router(cfg) as r:
+            status, headers, data = await _post(r.url, completion_body())
+            message = _router_error(status, data, 503)
+            assert message.startswith("prefill engine prefill_0 answered 503: ")
+            assert "overloaded" in message
+            assert "hunter2" not in message
+            assert headers["Retry-After"] == "9"
+            assert len(d.requests) == 0
+
+    run(main())
+
+
 def test_kv_aware_and_the_admission_log_agree_on_every_decode_refusal(tmp_path: Path) -> None:
     """The real decode policy: a 429 from the decode engine is a rejection for
     kv_aware (a capacity one: counted toward moving the session), never an

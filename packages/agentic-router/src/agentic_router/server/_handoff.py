@@ -36,7 +36,9 @@ from agentic_router.server._upstream import (
     EngineClient,
     EngineFailure,
     content_type_of,
+    engine_said,
     not_an_answer,
+    retry_after_of,
 )
 from agentic_router.server._upstream import json_object as parse_json_object
 from agentic_router.types import RoutingRequest
@@ -175,18 +177,19 @@ async def _read_prefill(
     if status < 400 and status != 200:
         raise SideFailure(ep.slot, not_an_answer(acct, ep, status, "prefill engine"))
     if status != 200:
-        text = data[:500].decode("utf-8", "replace")
         retriable = status >= 500 or status == 429  # another pair may take it
         failure = EngineFailure(
             # as from an aggregated engine: its 503 / 504 say so, any other 5xx is a 502
             status if status < 500 or status in RETRIABLE_STATUS else 502,
-            f"prefill engine {ep.spec.engine_id} answered {status}: {text}",
+            engine_said(ep, status, data, "prefill engine"),
             retriable=retriable,
             answer=None if status >= 500 else data,
             content_type=content_type_of(upstream, "application/json"),
         )
+        if status in (429, 503):
+            failure.retry_after = retry_after_of(upstream)
         if status >= 500:
-            blame = (ep, f"http_{status}", text[:200])
+            blame = (ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
             if status in RETRIABLE_STATUS:  # the engine says it is unavailable
                 acct.record_failure(*blame)
             else:  # a 500 may be this request's doing

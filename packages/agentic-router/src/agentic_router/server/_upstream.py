@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from agentic_common import redact_text
 from agentic_router._capped import Answer, Chunks, TooLarge, read_capped
 from agentic_router.server._accounting import (
     Accounting,
@@ -134,10 +136,15 @@ class EngineFailure(Exception):
         self.slot: int | None = None  # the engine that failed, when not the obvious one
         # a breaker failure not recorded yet (forward's hold_5xx): (engine, kind, message)
         self.blame: tuple[Endpoint, str, str] | None = None
+        # the engine's Retry-After on a 429 or 503, relayed to the client
+        self.retry_after: str | None = None
 
     def response(self, headers: dict[str, str]) -> web.Response:
         """What the client gets when this was the last attempt: the engine's own
-        refusal, or the router's error in OpenAI's shape."""
+        refusal, or the router's error in OpenAI's shape; an engine's Retry-After
+        goes with it (clients and load balancers back off by it)."""
+        if self.retry_after is not None:
+            headers = {**headers, "Retry-After": self.retry_after}
         if self.answer is None:
             return json_error(self.status, self.message, headers=headers)
         return web.Response(
@@ -194,6 +201,28 @@ def content_type_of(upstream: Answer, default: str) -> str:
     if not value or not value.isascii() or not value.isprintable():
         return default
     return value
+
+
+def retry_after_of(upstream: Answer) -> str | None:
+    """The engine's Retry-After, to relay: delta-seconds or an HTTP date; None when it
+    has none or it is neither (a header a client cannot act on is not passed on)."""
+    value = upstream.headers.get("Retry-After", "").strip()
+    if value.isdigit() and value.isascii() and len(value) <= 10:
+        return value
+    if 0 < len(value) <= 64 and value.isascii() and value.isprintable():
+        with contextlib.suppress(TypeError, ValueError):
+            email.utils.parsedate_to_datetime(value)
+            return value
+    return None
+
+
+def engine_said(ep: Endpoint, status: int, data: bytes, what: str = "engine") -> str:
+    """`engine X answered 500: ...`, the engine's words cut short and redacted: an
+    engine that echoes a request (its Basic credentials) or its own configuration
+    (a database URL) would otherwise hand them to the client."""
+    return f"{what} {ep.spec.engine_id} answered {status}: " + redact_text(
+        data[:500].decode("utf-8", "replace")
+    )
 
 
 def not_an_answer(
@@ -345,23 +374,25 @@ class EngineClient:
             if not hold:
                 acct.record_failure(*blame)
             failure = EngineFailure(
-                status if status in RETRIABLE_STATUS else 502,
-                f"engine {ep.spec.engine_id} answered {status}: "
-                f"{data[:500].decode('utf-8', 'replace')}",
+                status if status in RETRIABLE_STATUS else 502, engine_said(ep, status, data)
             )
             failure.blame = blame if hold else None
+            if status == 503:
+                failure.retry_after = retry_after_of(upstream)
             raise failure
         acct.record_success(ep)  # a 4xx is the engine alive and judging the request
-        raise EngineFailure(
+        failure = EngineFailure(
             status,
-            f"engine {ep.spec.engine_id} answered {status}: "
-            f"{data[:500].decode('utf-8', 'replace')}",
+            engine_said(ep, status, data),
             # 429: this engine is too busy now, another may not be; any other 4xx
             # is about the request, which another engine would refuse too
             retriable=status == 429,
             answer=data,
             content_type=content_type_of(upstream, "application/json"),
         )
+        if status == 429:
+            failure.retry_after = retry_after_of(upstream)
+        raise failure
 
     async def _relay_full(
         self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str

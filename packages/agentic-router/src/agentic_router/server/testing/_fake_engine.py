@@ -63,6 +63,7 @@ class Faults:
     fail_status: int | None = None  # answer generation requests with this HTTP status
     fail_count: int | None = None  # ... for this many requests (None: all of them)
     fail_message: str | None = None  # the error message of those failures
+    fail_headers: dict[str, str] | None = None  # ... and headers (Retry-After, say)
     die_after_chunks: int | None = None  # drop the connection after this many chunks
     hang: bool = False  # accept generation requests and never answer
     # answer generation requests 200 with these bytes instead (a list: written part by
@@ -268,7 +269,9 @@ class FakeEngine(OpenAIExtras, Handshakes):
         if f.fail_status is not None and (f.fail_count is None or f.fail_count > 0):
             if f.fail_count is not None:
                 f.fail_count -= 1
-            return error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
+            failed = error(f.fail_status, f.fail_message or f"injected failure {f.fail_status}")
+            failed.headers.update(f.fail_headers or {})
+            return failed
         if f.hang:
             await asyncio.sleep(3600)
         if f.body is None:
