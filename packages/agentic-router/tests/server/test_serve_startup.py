@@ -168,3 +168,31 @@ def test_a_bad_start_up_setting_is_one_line_not_a_traceback_or_a_hang(
     assert out.startswith("agentic-router serve: "), out
     assert TOKEN not in out
     assert "pw" not in out.replace("pw@", "")  # the password masked, not shown
+
+
+def test_credentials_in_url_flags_are_warned_about_and_never_printed() -> None:
+    """An engine URL's or a Redis URI's password on the command line shows in ps as
+    the admin token would: said once, with where to put it instead."""
+    port = free_port()
+    proc = serve(
+        "--engine", "http://router:EngPw1@127.0.0.1:9",
+        "--engine-state-uri", "file:///nonexistent/state?password=no",
+        "--health-check-interval-s", "0", "--port", str(port),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answers (503: no engine is up)
+            except OSError:
+                time.sleep(0.1)
+    finally:
+        out = _stop(proc)
+    warnings = [line for line in out.splitlines() if "carries credentials" in line]
+    assert len(warnings) == 1, out
+    assert "--engine, --engine-state-uri" in warnings[0]
+    assert "--engines-file" in warnings[0]
+    assert "EngPw1" not in out

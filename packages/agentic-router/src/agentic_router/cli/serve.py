@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 from typing import Any, Final
 
@@ -41,6 +42,31 @@ def _new_loop(choice: str) -> asyncio.AbstractEventLoop | None:
     return asyncio.new_event_loop()
 
 
+#: a URL's userinfo (`scheme://user:password@`, `redis://:password@`) or a password
+#: query parameter (`?password=`)
+_CREDENTIALS: Final = re.compile(r"://[^/?#@\s]+@|[?&]password=", re.IGNORECASE)
+
+#: the command-line settings that are URLs: (argparse dest, flag)
+_URL_FLAGS: Final = (
+    ("engines", "--engine"),
+    ("prefill", "--prefill"),
+    ("decode", "--decode"),
+    ("engine_state_uri", "--engine-state-uri"),
+    ("shared_state_uri", "--shared-state-uri"),
+)
+
+
+def flags_with_credentials(args: argparse.Namespace) -> list[str]:
+    """The URL flags given on the command line with a credential in them."""
+    out = []
+    for dest, flag in _URL_FLAGS:
+        value = getattr(args, dest, None)
+        values = [value] if isinstance(value, str) else value or ()
+        if any(_CREDENTIALS.search(v) for v in values):
+            out.append(flag)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args)
@@ -50,10 +76,18 @@ def run(args: argparse.Namespace) -> int:
     from agentic_router.server._logging import configure_logging
 
     configure_logging(config.log_level, config.log_format)
+    log = logging.getLogger("agentic_router.server")
     if getattr(args, "admin_token", None) is not None:
-        logging.getLogger("agentic_router.server").warning(
+        log.warning(
             "--admin-token on the command line is visible to every local user (ps); "
             "use --admin-token-file or AGENTIC_ADMIN_TOKEN"
+        )
+    exposed = flags_with_credentials(args)
+    if exposed:
+        log.warning(
+            "%s on the command line carries credentials, visible to every local user "
+            "(ps); give them in --config, --engines-file or the AGENTIC_* environment",
+            ", ".join(exposed),
         )
 
     from agentic_router.server._app import create_app
