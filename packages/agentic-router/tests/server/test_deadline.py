@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentic_router.server._upstream import Deadline
+from agentic_router.server._deadline import Deadline
 
 from .conftest import run
 

@@ -714,6 +714,47 @@ def test_a_prefill_engines_refusal_keeps_its_retry_after_and_loses_its_secrets()
     run(main())
 
 
+def test_a_stream_of_keep_alive_comments_alone_is_no_first_token() -> None:
+    """An engine (or a proxy in front of it) that sends `: ping` comments and never an
+    event has produced nothing: the first-byte deadline still ends its wait, and the
+    request goes to another engine, which answers."""
+
+    async def main() -> None:
+        pinging, good = FakeEngine("vllm"), FakeEngine("vllm")
+        pinging.faults.ping_after_chunks = 0
+        cfg = config(engines=[pinging.url, good.url], first_byte_timeout_s=0.5, max_retries=1)
+        async with pinging, good, running_router(cfg) as r:
+            for _ in range(2):  # at least one of them starts on `pinging`
+                status, _, data = await _post(r.url, completion_body(stream=True), timeout=10)
+                assert status == 200
+                assert data.endswith(b"data: [DONE]\n\n"), data
+            assert len(pinging.requests) >= 1
+            assert len(good.requests) == 2  # every one was answered there
+            await eventually(lambda: r.active_requests() == 0, "nothing left reserved")
+
+    run(main())
+
+
+def test_keep_alive_comments_mid_stream_do_not_hold_a_silent_generation() -> None:
+    """Once tokens flowed, comments are relayed but do not count as output: after
+    `stream_idle_timeout_s` without an event the client gets the in-band 504."""
+
+    async def main() -> None:
+        e = FakeEngine("vllm")
+        e.faults.ping_after_chunks = 2
+        cfg = config(engines=[e.url], stream_idle_timeout_s=0.5)
+        async with e, running_router(cfg) as r:
+            status, _, data = await _post(r.url, completion_body(stream=True), timeout=10)
+            assert status == 200
+            assert data.count(b"data: {") == 3  # two tokens, then the error event
+            assert b": ping" in data
+            assert data.rstrip().endswith(b'"code": 504}}'), data[-200:]
+            assert b"[DONE]" not in data
+            await eventually(lambda: r.active_requests() == 0, "nothing left reserved")
+
+    run(main())
+
+
 def test_kv_aware_and_the_admission_log_agree_on_every_decode_refusal(tmp_path: Path) -> None:
     """The real decode policy: a 429 from the decode engine is a rejection for
     kv_aware (a capacity one: counted toward moving the session), never an

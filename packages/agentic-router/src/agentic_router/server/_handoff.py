@@ -30,9 +30,9 @@ from aiohttp import web
 from agentic_router._capped import TooLarge, read_capped
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
+from agentic_router.server._deadline import Deadline
 from agentic_router.server._upstream import (
     RETRIABLE_STATUS,
-    Deadline,
     EngineClient,
     EngineFailure,
     content_type_of,

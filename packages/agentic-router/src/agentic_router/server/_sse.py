@@ -44,6 +44,7 @@ class SseEvents:
         "_pending",
         "_pending_bytes",
         "_tail",
+        "data_events",
         "done",
         "ends",
         "keep",
@@ -63,6 +64,9 @@ class SseEvents:
         self._pending_bytes = 0
         self._tail = b""  # the last 2 of them (a boundary may straddle the next chunk)
         self.done = False  # `data: [DONE]`, or an event named in `ends`, seen
+        # well-formed events with data seen (a comment, `: ping`, is none: an engine
+        # or a proxy in front of it that sends only those has produced nothing)
+        self.data_events = 0
         self.problem = ""  # why the stream is garbage (set when feed/finish return None)
         self.max_event_bytes = max_event_bytes
         # A Responses stream has no [DONE]: it ends with one of these events
@@ -87,6 +91,7 @@ class SseEvents:
                 and chunk.endswith(b"}\n\n")
                 and chunk.count(b"\n") == 2
             ):
+                self.data_events += 1
                 return chunk
             data = chunk
             cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
@@ -160,8 +165,10 @@ class SseEvents:
         payload = b"\n".join(data).strip()
         if payload == b"[DONE]":
             self.done = True
+            self.data_events += 1
             return True
         if payload.startswith(b"{") and payload.endswith(b"}"):
+            self.data_events += 1
             if kind and kind in self.ends:
                 self.done = True
             if kind and kind == self.keep and self.kept is None:

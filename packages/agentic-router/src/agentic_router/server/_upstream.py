@@ -1,7 +1,6 @@
-"""Talking to engines: the pooled client, deadlines, relaying answers (the health
-check is `_health_check`).
+"""Talking to engines: the pooled client, relaying answers (deadlines are
+`_deadline`'s, the health check is `_health_check`).
 
-- `Deadline`: `asyncio.timeout` whose expiry can be pushed later cheaply;
 - `EngineFailure`: an engine gave no usable answer (what the client gets, and
   whether another engine may be tried);
 - `EngineClient`: one pooled aiohttp session to every engine; `forward` sends a
@@ -39,6 +38,7 @@ from agentic_router.server._accounting import (
     RequestContext,
 )
 from agentic_router.server._config import ServerConfig
+from agentic_router.server._deadline import Deadline
 from agentic_router.server._engine_http import (
     EngineConnectError,
     EnginePool,
@@ -56,57 +56,6 @@ RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
 _SSE_END: Final = b"\n\n"
 #: how long the rest of an answer is read after its stream's end ([DONE])
 _AFTER_DONE_S: Final = 1.0
-
-
-class Deadline:
-    """`asyncio.timeout` with a cheap `push`: moving the deadline later is one
-    attribute write (the timer re-arms itself when it fires early), so a stream
-    can renew its idle deadline on every chunk without touching the timer heap;
-    only a move to an earlier time reschedules the timer. On expiry the task is
-    cancelled and `TimeoutError` leaves the block."""
-
-    __slots__ = ("_armed", "_cancelling", "_handle", "_loop", "_task", "_when", "delay", "expired")
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.expired = False
-
-    async def __aenter__(self) -> Deadline:
-        self._loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._when = self._armed = self._loop.time() + self.delay
-        self._handle = self._loop.call_at(self._armed, self._fire)
-        return self
-
-    def push(self, delay: float) -> None:
-        """Expire `delay` seconds from now instead (earlier or later)."""
-        self._when = when = self._loop.time() + delay
-        if when < self._armed:
-            self._handle.cancel()
-            self._armed = when
-            self._handle = self._loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        if self._loop.time() < self._when:
-            self._armed = self._when
-            self._handle = self._loop.call_at(self._when, self._fire)
-            return
-        self.expired = True
-        self._task.cancel()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: object, tb: object
-    ) -> None:
-        self._handle.cancel()
-        if (
-            self.expired
-            and exc_type is asyncio.CancelledError
-            and self._task.uncancel() <= self._cancelling
-        ):
-            raise TimeoutError
 
 
 class EngineFailure(Exception):
@@ -443,18 +392,20 @@ class EngineClient:
         engine = ep.spec.engine_id
         ready = b""
         ended = False
-        while not ready and not ended:
+        # comments (`: ping`) before it are relayed with it, but are not it: an engine
+        # that sends only those has produced nothing, and may still be retried
+        while not events.data_events and not ended:
             try:
                 chunk = await content.readany()
             except (aiohttp.ClientError, OSError) as exc:
                 acct.record_failure(ep, "cut", repr(exc))
                 raise EngineFailure(502, f"engine {engine} dropped the stream") from None
             ended = not chunk
-            ready = events.feed(chunk) if chunk else events.finish()
+            ready += events.feed(chunk) if chunk else events.finish()
             if events.problem:
                 acct.record_failure(ep, "garbage", events.problem)
                 raise EngineFailure(502, f"engine {engine} sent a malformed stream")
-        if not ready:
+        if not events.data_events:
             acct.record_failure(ep, "cut", "empty stream")
             raise EngineFailure(502, f"engine {engine} sent an empty stream")
         return ready, ended
@@ -504,6 +455,9 @@ class EngineClient:
                     await out.write(ready)
                     writing = False
                     deadline.push(idle)
+                    # the idle deadline runs from the last event with data: comments
+                    # are relayed, but do not keep a silent generation alive
+                    last_data = deadline.now()
                     while not ended and not events.done:
                         try:
                             chunk = await content.readany()
@@ -513,6 +467,7 @@ class EngineClient:
                             events.problem = repr(exc)
                             break
                         ended = not chunk
+                        seen = events.data_events
                         ready = events.feed(chunk) if chunk else events.finish()
                         if ready:
                             tail = ready
@@ -520,10 +475,14 @@ class EngineClient:
                             deadline.push(idle)
                             await out.write(ready)
                             writing = False
-                            deadline.push(idle)
-                            now = time.monotonic()
-                            gaps.observe(now - last)
-                            last = now
+                            if events.data_events == seen:  # comments only
+                                deadline.push_at(last_data + idle)
+                            else:
+                                last_data = deadline.now()
+                                deadline.push(idle)
+                                now = time.monotonic()
+                                gaps.observe(now - last)
+                                last = now
                         if events.problem:
                             fault = (
                                 "garbage",

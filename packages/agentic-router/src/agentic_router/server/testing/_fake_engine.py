@@ -65,6 +65,10 @@ class Faults:
     fail_message: str | None = None  # the error message of those failures
     fail_headers: dict[str, str] | None = None  # ... and headers (Retry-After, say)
     die_after_chunks: int | None = None  # drop the connection after this many chunks
+    # streams: after this many events, only `: ping` comments, every `ping_s`, until
+    # the client leaves (a keep-alive that carries no output)
+    ping_after_chunks: int | None = None
+    ping_s: float = 0.05
     hang: bool = False  # accept generation requests and never answer
     # answer generation requests 200 with these bytes instead (a list: written part by
     # part, each after `between_parts` is set, when given)
@@ -398,6 +402,10 @@ class FakeEngine(OpenAIExtras, Handshakes):
             if self.faults.die_after_chunks is not None and i >= self.faults.die_after_chunks:
                 _abort(request)
                 raise _Died
+            if self.faults.ping_after_chunks is not None and i >= self.faults.ping_after_chunks:
+                while True:
+                    await resp.write(b": ping\n\n")
+                    await asyncio.sleep(self.faults.ping_s)
             await resp.write(frame)
         await resp.write_eof()
         return resp
