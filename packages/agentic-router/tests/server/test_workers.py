@@ -441,3 +441,109 @@ def test_a_worker_api_body_that_arrives_in_parts_is_read_whole(framing: str) -> 
                     assert await _ids(s, r) == ["a", "b"]
 
     run(main())
+
+
+def _watched(tmp_path: Path, text: str) -> tuple[Path, Any]:
+    """An engines file holding `text`, and a router config that watches it closely."""
+    path = tmp_path / "engines.yaml"
+    _write(path, text)
+    return path, config(engines_file=str(path), engines_file_poll_s=0.02, admin_token=TOKEN)
+
+
+def test_an_engine_that_keeps_its_id_and_moves_while_busy_joins_at_its_new_url(
+    tmp_path: Path,
+) -> None:
+    """serve.md's Kubernetes pattern: the pod name as engine_id, the pod IP as URL. A
+    pod that comes back at a new IP while its old one still serves a request: the
+    old one drains, and the new one joins once the id is free; it was refused as a
+    duplicate id and never tried again, which left the router with no engine."""
+
+    async def main() -> None:
+        old, new = FakeEngine(engine_id="h1"), FakeEngine(engine_id="h1")
+        old.faults.first_token_delay_s = 0.5
+        path, cfg = _watched(tmp_path, f"- h1={old.url}\n")
+        async with old, new, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            busy = asyncio.create_task(_complete(s, r, 1))
+            await eventually(lambda: old.inflight == 1, "a request in flight on the old URL")
+            _write(path, f"- h1={new.url}\n")
+            assert await busy == {"h1": 1}  # the old URL finished what it had
+            await eventually(
+                lambda: [ep.spec.url for ep in r.proxy.acct.live()] == [new.url],
+                "h1 at its new URL",
+            )
+            assert await _complete(s, r, 2) == {"h1": 2}
+            assert len(new.requests) == 2
+
+    run(main())
+
+
+def test_a_fifo_at_the_engines_file_path_is_unreadable_not_a_hang(tmp_path: Path) -> None:
+    """A FIFO where the file should be (a swap half done) blocked the watcher's read,
+    and with it every later version and the router's stop."""
+
+    async def main() -> None:
+        a, b = FakeEngine(engine_id="a"), FakeEngine(engine_id="b")
+        path, cfg = _watched(tmp_path, f"- a={a.url}\n")
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            fifo = tmp_path / "fifo"
+            os.mkfifo(fifo)
+            os.replace(fifo, path)
+            reloads = r.proxy.workers.file_reloads
+            await eventually(lambda: reloads.values.get(("unreadable",), 0) == 1, "read")
+            assert await _ids(s, r) == ["a"]  # the last good set stays
+            _write(path, f"- a={a.url}\n- b={b.url}\n")
+            await eventually(lambda: r.proxy.workers.find("b") is not None, "b joined")
+
+    run(main())
+
+
+def test_a_version_that_could_not_be_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version that lands unreadable (mode 000 for the router's user, fixed a moment
+    later by a chmod that changes neither size nor mtime) is taken once it can be
+    read; it was remembered as seen and never read again. Said once, not per poll."""
+    from agentic_router.server import _workers
+    from agentic_router.server._engines import UnreadableEnginesFile
+
+    real = _workers.read_engines_file  # type: ignore[attr-defined]
+    denied = {"left": 3}
+
+    def read(path: str) -> Any:
+        if denied["left"]:
+            denied["left"] -= 1
+            raise UnreadableEnginesFile("cannot read it: Permission denied")
+        return real(path)
+
+    async def main() -> None:
+        a, b = FakeEngine(engine_id="a"), FakeEngine(engine_id="b")
+        path, cfg = _watched(tmp_path, f"- a={a.url}\n")
+        async with a, b, running_router(cfg) as r, aiohttp.ClientSession() as s:
+            monkeypatch.setattr(_workers, "read_engines_file", read)
+            _write(path, f"- a={a.url}\n- b={b.url}\n")
+            await eventually(lambda: r.proxy.workers.find("b") is not None, "b joined")
+            assert denied["left"] == 0
+            reloads = r.proxy.workers.file_reloads.values
+            assert reloads.get(("unreadable",), 0) == 1
+            assert await _complete(s, r, 2) == {"a": 1, "b": 1}
+
+    run(main())
+
+
+def test_a_failure_counted_after_its_engine_was_removed_leaves_no_series() -> None:
+    """A health check or request still running when its engine was removed ended after
+    the removal and brought the engine's failure series back to /metrics for good."""
+
+    async def main() -> None:
+        async with FakeEngine("vllm") as a, FakeEngine("vllm") as b:
+            cfg = config(engines=[f"a={a.url}", f"b={b.url}"], admin_token=TOKEN)
+            async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+                ep = r.proxy.workers.find("b")
+                assert ep is not None
+                status, _ = await _call(s, "DELETE", r.url + "/admin/workers/b", headers=AUTH)
+                assert status == 200
+                r.proxy.acct.record_health(ep, False, "timed out")
+                r.proxy.acct.record_failure(ep, "timeout", "late")
+                await _gone_everywhere(s, r, "b")
+
+    run(main())

@@ -331,6 +331,8 @@ class Accounting:
     def record_failure(self, ep: Endpoint, kind: str, message: str) -> None:
         """A request met a failure of `ep` (passive). `message` is redacted here: it is
         often an exception's repr, which can quote the request's credentials."""
+        if ep.state == REMOVED:  # a request or check that outlived its engine's removal
+            return
         message = redact_text(message)
         self.telemetry.engine_failures.inc(ep.spec.engine_id, kind)
         self._breaker_moved(
@@ -340,6 +342,8 @@ class Accounting:
     def record_health(self, ep: Endpoint, ok: bool, problem: str = "") -> None:
         """The outcome of one active health check of `ep`. A passed check counts
         for nothing but the health checks' own streak (docs/operations.md)."""
+        if ep.state == REMOVED:  # a check still running when its engine was removed
+            return  # (counted, it would bring the engine's series back to /metrics)
         if ok:
             ep.last_health_ok = time.time()
             ep.breaker.health_ok()

@@ -13,11 +13,11 @@ import logging
 import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from agentic_common import is_engine_id, redact_text, redact_uri
+from agentic_router.server._files import ConfigError, read_small_file
 
 log = logging.getLogger("agentic_router.server")
 
@@ -188,10 +188,11 @@ def read_engines_file(path: str) -> list[EngineEntry]:
     """Read and parse the engines file (UnreadableEnginesFile when it cannot be read,
     EngineError when it is malformed)."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UnreadableEnginesFile(f"cannot read it: {reason}") from None
+        # a regular file only, read without blocking and within a size cap: a FIFO at
+        # the path (a half-done swap) hung the watcher, and SIGTERM with it, for good
+        text = read_small_file(path, "engines file")
+    except ConfigError as exc:
+        raise UnreadableEnginesFile(str(exc)) from None
     return parse_engines_file(text)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from agentic_router._capped import TooLarge, read_capped
-from agentic_router.server._accounting import Accounting, Endpoint
+from agentic_router.server._accounting import REMOVED, Accounting, Endpoint
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._upstream import EngineClient
 
@@ -79,7 +79,7 @@ class ModelCatalog:
 
     async def refresh(self, ep: Endpoint) -> None:
         models, fault = await self.fetch(ep)
-        if fault is not None:
+        if fault is not None and ep.state != REMOVED:  # removed meanwhile: no ghost series
             self.acct.telemetry.engine_failures.inc(ep.spec.engine_id, "models")
         if models is not None:
             self.learn(ep, models)

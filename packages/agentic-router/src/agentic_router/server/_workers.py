@@ -99,6 +99,10 @@ class WorkerSet:
             ("result",),
         )
         self._file_seen: tuple[int, int, int] | None = None  # (inode, size, mtime_ns)
+        self._unreadable_seen: tuple[int, int, int] | None = None  # said once per version
+        # the file's entries refused when it was applied (an id still held by the
+        # engine draining at the old URL): tried again when a file engine retires
+        self._file_waiting: list[EngineEntry] = []
 
     # ---- the changes ----
 
@@ -206,6 +210,21 @@ class WorkerSet:
         self.core.retire(ep.slot)
         self.telemetry.forget_engine(ep.spec.engine_id)
         log.info("engine %s removed (slot %d retired)", ep.spec.engine_id, ep.slot)
+        if ep.source == FILE and self._file_waiting:
+            self._join_waiting()
+
+    def _join_waiting(self) -> None:
+        """The file's entries that were refused may join now: an engine that keeps its id
+        and moves to a new URL (a pod's new IP) waits for the old one to drain."""
+        waiting, self._file_waiting = self._file_waiting, []
+        live = {ep.spec.url for ep in self.acct.live()}
+        for entry in waiting:
+            if entry.url in live:
+                continue
+            try:
+                self.add(entry, FILE)  # logs the join
+            except WorkerError:
+                self._file_waiting.append(entry)  # still refused: said when it was applied
 
     # ---- the worker API ----
 
@@ -312,6 +331,7 @@ class WorkerSet:
         ones, remove (drain first) the ones gone, call off the removal of one that
         came back. Engines from the flags or the API are left alone."""
         wanted = {e.url: e for e in entries}
+        self._file_waiting = []
         mine = {ep.spec.url: ep for ep in self.acct.live() if ep.source == FILE}
         for url, ep in mine.items():
             entry = wanted.get(url)
@@ -333,6 +353,7 @@ class WorkerSet:
             try:
                 self.add(entry, FILE)
             except WorkerError as exc:
+                self._file_waiting.append(entry)
                 log.warning("--engines-file: engine %s not added: %s", redact_uri(url), exc)
 
     def start_from_file(self) -> None:
@@ -354,15 +375,24 @@ class WorkerSet:
             seen = None  # gone (between two versions, or a mount being swapped): keep the set
         if seen is None or seen == self._file_seen:
             return False
-        self._file_seen = seen
         try:
             entries = await asyncio.to_thread(read_engines_file, path)
             check_roles(entries, self.config.pd_mode)
         except EngineError as exc:
             unreadable = isinstance(exc, UnreadableEnginesFile)
+            if unreadable:
+                # read again at every poll (a fixed permission changes no size or
+                # mtime), said once per version
+                if seen == self._unreadable_seen:
+                    return False
+                self._unreadable_seen = seen
+            else:
+                self._file_seen = seen
             self.file_reloads.inc("unreadable" if unreadable else "malformed")
             log.error("--engines-file %s ignored (the last good set stays): %s", path, exc)
             return False
+        self._file_seen = seen
+        self._unreadable_seen = None
         self.file_reloads.inc("applied")
         self.apply_file(entries)
         return True
