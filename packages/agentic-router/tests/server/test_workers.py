@@ -547,3 +547,39 @@ def test_a_failure_counted_after_its_engine_was_removed_leaves_no_series() -> No
                 await _gone_everywhere(s, r, "b")
 
     run(main())
+
+
+def test_a_router_added_as_its_own_engine_answers_each_request_once() -> None:
+    """The worker API took the router's own URL: each request that landed on it came
+    back to the router, which sent it on again, until every in-flight slot was taken
+    (one client request became max_inflight + 1). Now the request that comes back
+    is refused (508), that engine counts a failure, and the request is served by
+    another engine."""
+
+    async def main() -> None:
+        async with FakeEngine("vllm") as a:
+            cfg = config(engines=[f"a={a.url}"], admin_token=TOKEN, max_inflight=64)
+            async with running_router(cfg) as r, aiohttp.ClientSession() as s:
+                status, _ = await _call(
+                    s, "POST", r.url + "/admin/workers", headers=AUTH,
+                    json={"url": r.url, "engine_id": "itself"},
+                )  # fmt: skip
+                assert status == 201
+                for i in range(6):
+                    body = completion_body(prompt=f"turn {i}")
+                    async with s.post(r.url + "/v1/completions", json=body) as resp:
+                        assert resp.status == 200
+                loops = r.proxy.telemetry.requests.values.get(("completions", "loop"), 0)
+                assert 1 <= loops <= 6  # one hop back at most per request
+                assert len(a.requests) == 6
+                # a request through too many routers in a row is a loop too
+                chain = ", ".join(f"r{i}" for i in range(8))
+                async with s.post(
+                    r.url + "/v1/completions",
+                    json=completion_body(),
+                    headers={"X-Agentic-Router-Via": chain},
+                ) as resp:
+                    assert resp.status == 508
+                    assert "routing loop" in (await resp.json())["error"]["message"]
+
+    run(main())

@@ -202,6 +202,10 @@ class Proxy:
     async def _proxy(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         acct = self.acct
         received = time.monotonic()
+        looped = self.client.loop_refusal(request)
+        if looped is not None:
+            self.telemetry.requests.inc(kind, "loop")
+            return looped
         body = BodyReader(self.body_budget, self.config.max_body_bytes)
         try:
             try:

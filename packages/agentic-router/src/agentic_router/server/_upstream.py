@@ -24,6 +24,7 @@ import email.utils
 import json
 import logging
 import time
+import uuid
 from typing import Any, Final
 
 import aiohttp
@@ -52,6 +53,12 @@ from agentic_router.server._sse import SseEvents, response_id_in, response_id_of
 log = logging.getLogger("agentic_router.server")
 
 _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "tracestate")
+#: the routers a request went through, each appending its own id: a router that finds
+#: its id there is one of its own engines (a loop), and one request would otherwise
+#: come back to it until every in-flight slot was taken
+VIA_HEADER: Final = "X-Agentic-Router-Via"
+#: more routers in a row than this is a loop too (one without this router in it)
+MAX_VIA: Final = 8
 RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
 _SSE_END: Final = b"\n\n"
 #: how long the rest of an answer is read after its stream's end ([DONE])
@@ -191,6 +198,7 @@ class EngineClient:
         self.config = config
         self.acct = acct
         self.session: aiohttp.ClientSession | None = None
+        self.via = uuid.uuid4().hex  # this router's id in VIA_HEADER
         # the request path's own HTTP/1.1 client (http:// engines), when it is in use
         self.pool: EnginePool | None = None
         self._connect_timeout = aiohttp.ClientTimeout(
@@ -230,7 +238,25 @@ class EngineClient:
                 headers[name] = value
         # The engine sees the id the client sees (the router's when the client sent none).
         headers["X-Request-Id"] = forwarded_id or ctx.client_request_id or ctx.request_id
+        via = src.get(VIA_HEADER)
+        headers[VIA_HEADER] = f"{via}, {self.via}" if via else self.via
         return headers
+
+    def loop_refusal(self, request: web.Request) -> web.Response | None:
+        """A 508 for a request that came back to this router (or through too many
+        routers in a row); None for every other."""
+        via = request.headers.get(VIA_HEADER)
+        if via is None:
+            return None
+        hops = via.split(",")
+        if self.via not in via and len(hops) < MAX_VIA:
+            return None
+        return json_error(
+            508,
+            "routing loop: this request came back to the router that sent it (an engine "
+            "URL, in --engine, the engines file or the worker API, is a router in front "
+            "of it)",
+        )
 
     async def forward(
         self,
