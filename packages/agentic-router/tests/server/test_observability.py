@@ -387,6 +387,7 @@ def test_a_session_id_cannot_forge_or_lose_a_log_line(fmt: str) -> None:
     writes the access line instead of a logging error."""
     forged = "s1\n2026-01-01 00:00:00,000 ERROR agentic_router.server: forged\x1b[2J"
     lone = "s2\udcff"
+    fields = "s3 outcome=ok\u20282026-01-01 00:00:00,000 ERROR agentic_router.server: forged"
 
     async def main() -> str:
         port = free_port()
@@ -399,7 +400,7 @@ def test_a_session_id_cannot_forge_or_lose_a_log_line(fmt: str) -> None:
                 url = f"http://127.0.0.1:{port}"
                 async with aiohttp.ClientSession() as s:
                     await wait_listening(s, url, proc)
-                    for user in (forged, lone):
+                    for user in (forged, lone, fields):
                         body = json.dumps(completion_body(user=user)).encode()
                         async with s.post(
                             url + "/v1/completions",
@@ -418,11 +419,14 @@ def test_a_session_id_cannot_forge_or_lose_a_log_line(fmt: str) -> None:
     if fmt == "json":
         records = [json.loads(line) for line in lines]
         access = [r for r in records if r["logger"] == ACCESS and r["method"] == "POST"]
-        assert [r["session_id"] for r in access] == [forged, lone]
+        assert [r["session_id"] for r in access] == [forged, lone, fields]
     else:
         assert all(line[:4].isdigit() for line in lines), out  # each line is a record's
         access = [line for line in lines if f" {ACCESS}: " in line and " POST " in line]
-        assert len(access) == 2, out
-        assert "session=s1\\n2026-01-01" in access[0]
-        assert "\\x1b[2J" in access[0]
+        assert len(access) == 3, out
+        assert 'session="s1\\n2026-01-01' in access[0]
+        assert "\\u001b[2J" in access[0]
         assert "session=s2\\udcff" in access[1]
+        assert 'session="s3 outcome=ok\\u2028' in access[2]
+        assert access[2].count(" outcome=") == 2  # the forged one, quoted, and the real one
+        assert " outcome=ok request_id=" in access[2]

@@ -73,9 +73,14 @@ class JsonFormatter(logging.Formatter):
             out["stack"] = self.formatStack(record.stack_info)
         # default=str: a field no JSON type fits is written as its str(), never dropped
         try:
-            return orjson.dumps(out, default=str).decode()
+            line = orjson.dumps(out, default=str).decode()
         except (TypeError, orjson.JSONEncodeError):  # a lone surrogate (undecodable bytes)
             return json.dumps(out, default=str)  # escapes it: \udcff
+        # orjson writes U+2028 / U+2029 as they are (JSON allows it), and
+        # `str.splitlines` breaks the line there: escaped, it stays one record
+        if "\u2028" in line or "\u2029" in line:
+            line = line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        return line
 
 
 #: control characters (C0, DEL, C1) as escapes: what a client sends cannot start a
@@ -84,6 +89,9 @@ _CONTROLS: Final = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]
     0x0A: "\\n",
     0x0D: "\\r",
     0x09: "\\t",
+    # line and paragraph separators: `str.splitlines` (and many log viewers) break there
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
 }
 
 
@@ -224,9 +232,17 @@ def _write(request: web.Request, response: web.StreamResponse | None, started: f
         fields["method"],
         fields["path"],
         "-" if status is None else status,
-        *("-" if fields[k] is None else fields[k] for k in _TEXT_KEYS),
+        *("-" if fields[k] is None else _field(fields[k]) for k in _TEXT_KEYS),
         extra={"fields": fields},
     )
+
+
+def _field(value: Any) -> Any:
+    """A text access-log field as it is, or quoted (JSON) when it holds a space, a
+    quote or an `=`: a client's session id cannot add fields (`outcome=ok`) to the line."""
+    if isinstance(value, str) and (not value or any(c in value for c in ' "=')):
+        return json.dumps(value)
+    return value
 
 
 _TEXT_KEYS: Final = ("engine", "session_id", "prompt_tokens", "ttft_s", "duration_s", "outcome")
