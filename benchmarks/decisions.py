@@ -155,7 +155,7 @@ def _stats(ns: list[int]) -> dict[str, float]:
 
 
 def bench_decisions(
-    workers: int, policy: str, sessions: int, decisions: int, prompt_bytes: int
+    workers: int, policy: str, sessions: int, decisions: int, prompt_bytes: int, churn: int = 0
 ) -> dict[str, Any]:
     rng = random.Random(workers)
     clock = Clock()
@@ -167,6 +167,8 @@ def bench_decisions(
         clock=clock,
         plugin_manager=make_plugin_manager(load_entry_points=False),
     )
+    for c in range(churn):  # engines that joined and left before (rolled pods)
+        router.retire_worker(router.add_worker(f"gone{c}"))
     build, memo = _builder(config)
     gen = Sessions(prompt_bytes)
     turn = [0] * sessions
@@ -218,6 +220,7 @@ def bench_decisions(
         "policy": policy,
         "prompt_bytes": prompt_bytes,
         "active_sessions": sessions,
+        "retired_before": churn,
         "decisions": decisions,
         "decisions_per_s": round(1e9 * len(total) / sum(total), 1),
         "us": {name: _stats(v) for name, v in stages.items()},
@@ -358,6 +361,12 @@ def main() -> None:
     parser.add_argument("--prefix-sessions", type=int, default=200)
     parser.add_argument("--registry-requests", type=int, default=1_000_000)
     parser.add_argument("--no-registry", action="store_true", help="skip the memory part")
+    parser.add_argument(
+        "--churn",
+        type=int,
+        default=0,
+        help="workers added and retired before each decision run (a long-lived router)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.decisions, args.registry_requests = 1_000, 300, 20_000
@@ -368,7 +377,7 @@ def main() -> None:
         "machine": platform.machine(),
         "prefix_identity": [bench_prefix(b, args.prefix_sessions) for b in sizes],
         "decisions": [
-            bench_decisions(int(w), p, args.sessions, args.decisions, b)
+            bench_decisions(int(w), p, args.sessions, args.decisions, b, args.churn)
             for b in sizes
             for p in args.policies.split(",")
             for w in args.workers.split(",")

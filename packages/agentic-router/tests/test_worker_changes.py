@@ -28,6 +28,8 @@ op = st.one_of(
     st.tuples(st.just("drain"), st.integers(0, 20)),
     st.tuples(st.just("reopen"), st.integers(0, 20)),
     st.tuples(st.just("retire"), st.integers(0, 20)),
+    st.tuples(st.just("sick"), st.integers(0, 20)),
+    st.tuples(st.just("well"), st.integers(0, 20)),
 )
 
 
@@ -41,6 +43,7 @@ def test_no_request_lands_on_a_draining_or_retired_worker(
     placed: list[str] = []
     closed: set[int] = set()  # draining or retired
     retired: set[int] = set()
+    sick: set[int] = set()
     for n, (kind, *args) in enumerate(ops):
         clock[0] += 0.01
         if kind == "route":
@@ -58,6 +61,8 @@ def test_no_request_lands_on_a_draining_or_retired_worker(
             decision = router.route(req)
             assert decision.worker not in closed
             assert decision.decode_worker is None or decision.decode_worker not in closed
+            if set(range(router.num_workers)) - closed - sick:  # a healthy one is open
+                assert decision.worker not in sick
             placed.append(req.request_id)
         elif kind in ("free", "first_token") and placed:
             rid = placed[args[0] % len(placed)]
@@ -76,6 +81,9 @@ def test_no_request_lands_on_a_draining_or_retired_worker(
             elif kind == "reopen" and w not in retired:
                 router.set_worker_accepting(w, True)
                 closed.discard(w)
+            elif kind in ("sick", "well"):
+                router.set_worker_health(w, kind == "well")
+                (sick.add if kind == "sick" else sick.discard)(w)
             elif kind == "retire":
                 router.retire_worker(w)
                 closed.add(w)
@@ -123,3 +131,24 @@ def test_policies_hear_of_workers_joining_and_leaving() -> None:
     assert router.engine_worker("engine_0") is None
     with pytest.raises(ValueError, match="already names worker"):
         router.add_worker("c", engine_id="feed-b")
+
+
+def test_health_and_churn_take_effect_on_the_next_decision() -> None:
+    router = Router(["a", "b", "c"], "round_robin")
+
+    def picks(tag: str) -> set[str]:
+        return {
+            router.workers.name(router.decide(RoutingRequest(f"{tag}{i}", None, 10)).worker)
+            for i in range(6)
+        }
+
+    assert picks("p") == {"a", "b", "c"}
+    router.set_worker_health(1, False)
+    assert picks("q") == {"a", "c"}
+    router.set_worker_health(1, True)
+    assert picks("r") == {"a", "b", "c"}
+    for i in range(500):  # engines that came and went leave only the live ones
+        router.retire_worker(router.add_worker(f"gone{i}"))
+    router.set_worker_accepting(0, False)
+    assert router.context(RoutingRequest("s", None, 10)).candidates == [1, 2]
+    assert picks("t") == {"b", "c"}

@@ -119,9 +119,9 @@ class WorkerChanges:
         """The workers a decision may pick: the healthy ones among those open (not
         draining or retired), or every open one when none is healthy (noted)."""
         workers = self.workers
-        open_slots = workers.open_slots()
-        healthy = [w for w in open_slots if workers.healthy(w)]
+        healthy = workers.usable_slots()
         if not healthy:
+            open_slots = workers.open_slots()
             if not open_slots:
                 raise ValueError("no worker takes new requests (all draining or retired)")
             healthy = open_slots

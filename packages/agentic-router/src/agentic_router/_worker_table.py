@@ -7,6 +7,7 @@ re-exports it). Knows nothing of load, prefixes or engines.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Sequence
 
 
@@ -28,6 +29,11 @@ class WorkerTable:
         # slots that take no new request (draining or retired), and the retired ones
         self._closed: set[int] = set()
         self._retired: set[int] = set()
+        # the open slots in order, kept as slots close and open: a router whose
+        # engines came and went thousands of times walks only the live ones per
+        # decision; and the healthy ones among them, until a flag changes
+        self._open: list[int] = list(range(len(self._names)))
+        self._usable: list[int] | None = None
 
     def add(self, name: str) -> int:
         """Append a worker; returns its slot. A retired worker's name may come back
@@ -38,21 +44,32 @@ class WorkerTable:
         self._names += (name,)
         self._slots[name] = slot
         self._healthy.append(True)
+        self._open.append(slot)
+        self._usable = None
         return slot
 
     def set_accepting(self, slot: int, accepting: bool) -> None:
         """Drain (False) or reopen (True) a worker; a retired one stays closed."""
         self.check(slot)
         if accepting and slot not in self._retired:
-            self._closed.discard(slot)
+            if slot in self._closed:
+                self._closed.discard(slot)
+                insort(self._open, slot)
+                self._usable = None
         else:
+            self._close(slot)
+
+    def _close(self, slot: int) -> None:
+        if slot not in self._closed:
             self._closed.add(slot)
+            self._open.remove(slot)
+            self._usable = None
 
     def retire(self, slot: int) -> None:
         """The worker is gone for good: never a candidate again, its slot not reused."""
         self.check(slot)
         self._retired.add(slot)
-        self._closed.add(slot)
+        self._close(slot)
         if self._slots.get(self._names[slot]) == slot:
             del self._slots[self._names[slot]]
 
@@ -65,10 +82,15 @@ class WorkerTable:
 
     def open_slots(self) -> list[int]:
         """The slots that may be candidates, in slot order."""
-        closed = self._closed
-        if not closed:
-            return list(range(len(self._names)))
-        return [w for w in range(len(self._names)) if w not in closed]
+        return list(self._open)
+
+    def usable_slots(self) -> list[int]:
+        """The open slots that are healthy, in slot order (a new list each call)."""
+        usable = self._usable
+        if usable is None:
+            healthy = self._healthy
+            usable = self._usable = [w for w in self._open if healthy[w]]
+        return list(usable)
 
     def __len__(self) -> int:
         return len(self._names)
@@ -92,7 +114,10 @@ class WorkerTable:
         return slot
 
     def set_healthy(self, slot: int, healthy: bool) -> None:
-        self._healthy[self.check(slot)] = healthy
+        healthy = bool(healthy)
+        if self._healthy[self.check(slot)] != healthy:
+            self._healthy[slot] = healthy
+            self._usable = None
 
     def healthy(self, slot: int) -> bool:
         return self._healthy[slot]
