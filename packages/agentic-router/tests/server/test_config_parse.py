@@ -98,6 +98,8 @@ def test_precedence_flag_over_env_over_yaml(tmp_path: Path) -> None:
         (("--engine", "h1\n=http://h:1"), {}, "engine id"),
         (("--prefill", "p/1=http://p:1", "--decode", "http://d:1"), {}, "engine id"),
         (("--engine", "http://h:1/v\n1"), {}, "control characters"),
+        (("--engine", "http://h:1/v1"), {}, "ends in /v1"),  # an OpenAI base URL
+        (("--engine", "http://h:1/?model=m"), {}, "query or a fragment"),
         (("--engine", "http://h\t:1"), {}, "control characters"),
     ],
 )

@@ -227,6 +227,11 @@ def test_the_worker_api_needs_the_admin_token_and_says_what_is_wrong() -> None:
                 ({"url": "http://127.0.0.1:1", "role": "prefill"}, 400, "runs aggregated", "role"),
                 ({"url": "http://127.0.0.1:1", "weight": 2}, 400, "unknown engine field", None),
                 ({"url": a.url}, 409, "already in the worker set as 'a'", "url"),
+                # the same engine spelled otherwise is the same engine
+                ({"url": a.url.upper() + "/"}, 409, "already in the worker set as 'a'", "url"),
+                ({"url": a.url + "?x=1"}, 400, "query or a fragment", "url"),
+                ({"url": "http://127.0.0.1:1#v1"}, 400, "query or a fragment", "url"),
+                ({"url": "http://127.0.0.1:1/v1/"}, 400, "ends in /v1", "url"),
                 ({"url": "http://127.0.0.1:1", "engine_id": "a"}, 409, "in use", "engine_id"),
             ]
             for payload, status, words, param in cases:

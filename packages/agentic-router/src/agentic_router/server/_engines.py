@@ -69,6 +69,28 @@ def check_engine_url(url: str) -> None:
         parts, port = None, None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
         raise EngineError(f"engine URL must be http(s)://host:port, got {redact_uri(url)!r}", "url")
+    if "?" in url or "#" in url:
+        # every request appends its path (/v1/chat/completions) to the URL: after a
+        # query or a fragment it would go to the engine's root instead
+        raise EngineError(
+            f"engine URL must not carry a query or a fragment, got {redact_uri(url)!r}", "url"
+        )
+    if parts.path.rstrip("/").endswith("/v1"):
+        # an OpenAI client's base URL: every request would go to /v1/v1/...
+        raise EngineError(
+            f"engine URL {redact_uri(url)!r} ends in /v1: give the server's root "
+            "(requests append /v1/chat/completions and the like to it)",
+            "url",
+        )
+
+
+def engine_url_key(url: str) -> tuple[str, str, int, str]:
+    """What an engine URL names, however it is spelled: the scheme and host in any
+    case, the default port written or not, a trailing slash or not. Two URLs with
+    the same key reach the same engine. For a URL check_engine_url accepted."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port, parts.path.rstrip("/")
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from agentic_router.server._engines import (
     UnreadableEnginesFile,
     check_roles,
     engine_entry,
+    engine_url_key,
     read_engines_file,
 )
 from agentic_router.server._exposition import Family
@@ -121,8 +122,9 @@ class WorkerSet:
         except EngineError as exc:
             raise WorkerError(400, str(exc), "role") from None
         live = self.acct.live()
+        key = engine_url_key(entry.url)
         for ep in live:
-            if ep.spec.url == entry.url:
+            if engine_url_key(ep.spec.url) == key:
                 raise WorkerError(
                     409,
                     f"engine {redact_uri(entry.url)} is already in the worker set as "
