@@ -9,7 +9,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_router._blocks import WorkerBlocks
+from agentic_router._blocks import WorkerBlocks, _held_end
 from agentic_router.state import PromptRegistry
 
 
@@ -115,3 +115,26 @@ def test_a_session_turn_forwards_instead_of_rewriting() -> None:
     chain = _chain(shape)
     assert all(h in blocks for h in chain[:60])
     assert not any(h in blocks for h in chain[60:])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 900), st.data())
+def test_the_held_part_of_a_chain_is_found_in_a_few_lookups(n: int, data: st.DataObject) -> None:
+    """Held blocks a prefix of the chain (as chained hashes keep them): exactly that
+    prefix's length, in O(log n) lookups; any held set: the end of some held run."""
+    chain = tuple(range(1000, 1000 + n))
+    held = data.draw(st.integers(0, n))
+    looked: list[int] = []
+
+    class Counting(dict[int, object]):
+        def __contains__(self, key: object) -> bool:
+            looked.append(1)
+            return super().__contains__(key)
+
+    stamps = Counting(dict.fromkeys(chain[:held]))
+    assert _held_end(chain, stamps) == held  # type: ignore[arg-type]
+    assert len(looked) <= 2 * n.bit_length() + 2
+    anyset = data.draw(st.sets(st.sampled_from(chain)))
+    e = _held_end(chain, dict.fromkeys(anyset))  # type: ignore[arg-type]
+    assert e == 0 or chain[e - 1] in anyset
+    assert e == n or chain[e] not in anyset
