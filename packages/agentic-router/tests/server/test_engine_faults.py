@@ -294,6 +294,88 @@ def test_garbage_before_anything_was_relayed_is_retried_on_another_engine(stream
     run(main())
 
 
+# what vLLM streams when a generation fails (and SGLang's older shape)
+_VLLM_ERROR = (
+    b'{"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}}'
+)
+_SGLANG_ERROR = b'{"object": "error", "message": "out of memory", "type": "Error", "code": 503}'
+_DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("error", [_VLLM_ERROR, _SGLANG_ERROR])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_error_object_before_any_output_is_retried_on_another_engine(
+    stream: bool, error: bytes
+) -> None:
+    """vLLM answers a generation that fails at once (its engine died, say) with a
+    200 stream of one error event and [DONE]: that is no output, so the request
+    goes to another engine, and the failing engine's breaker hears of it."""
+
+    async def main() -> None:
+        bad, good = FakeEngine("vllm"), FakeEngine("vllm")
+        bad.faults.body = b"data: " + error + b"\n\n" + _DONE if stream else error
+        cfg = config(engines=[bad.url, good.url], policy="round_robin")
+        async with bad, good, running_router(cfg) as r:
+            for _ in range(2):  # round robin: one of them lands on `bad` first
+                status, headers, data = await _post(r.url, completion_body(stream=stream))
+                assert status == 200
+                assert headers["X-Agentic-Worker"] == "engine_1"
+                if stream:
+                    assert data.endswith(_DONE)
+                    assert b'"error"' not in data
+                else:
+                    assert data["choices"][0]["text"] == " t0 t1 t2 t3 t4"
+            n = len(bad.requests)
+            assert n >= 1
+            await eventually(
+                lambda: r.proxy.endpoints[0].breaker.consecutive_failures == n, "counted"
+            )
+            kind = "error_event" if stream else "error_answer"
+            assert f'kind="{kind}"}} {n}\n' in await _metrics(r.url)
+            assert r.active_requests() == 0
+
+    run(main())
+
+
+def test_an_engine_error_event_about_the_request_is_relayed_and_not_retried() -> None:
+    """An error event with a 4xx code is the engine judging the request: the client
+    gets it as the engine sent it, and no other engine is asked."""
+
+    async def main() -> None:
+        a, b = FakeEngine("vllm"), FakeEngine("vllm")
+        refusal = b'{"error": {"message": "bad logprobs", "type": "BadRequestError", "code": 400}}'
+        a.faults.body = b.faults.body = b"data: " + refusal + b"\n\n" + _DONE
+        async with a, b, running_router(config(engines=[a.url, b.url])) as r:
+            status, _, data = await _post(r.url, completion_body(stream=True))
+            assert status == 200
+            assert data == b"data: " + refusal + b"\n\n" + _DONE
+            assert len(a.requests) + len(b.requests) == 1
+            assert [ep.breaker.consecutive_failures for ep in r.proxy.endpoints] == [0, 0]
+
+    run(main())
+
+
+def test_an_engine_error_event_mid_stream_reaches_the_client_and_counts_against_it() -> None:
+    """Output went out, then the generation failed: the engine's error event and its
+    [DONE] are relayed as sent (nothing can be retried now), and the engine's
+    failure is counted with its own outcome, not as an ok stream."""
+
+    async def main() -> None:
+        eng = FakeEngine("vllm")
+        eng.faults.body = _T0 + b"data: " + _VLLM_ERROR + b"\n\n" + _DONE
+        async with eng, running_router(config(engines=[eng.url])) as r:
+            status, _, data = await _post(r.url, completion_body(stream=True))
+            assert status == 200
+            assert data == _T0 + b"data: " + _VLLM_ERROR + b"\n\n" + _DONE
+            assert r.proxy.endpoints[0].breaker.consecutive_failures == 1
+            text = await _metrics(r.url)
+            assert 'outcome="stream_engine_error"} 1' in text
+            assert 'outcome="ok"' not in text
+            assert 'kind="error_event"} 1\n' in text
+
+    run(main())
+
+
 @pytest.mark.parametrize(
     "sent", [b"not json", b'{"id": "cmpl-1", "choi', b"[1, 2]", b"[" * 100_000 + b"]" * 100_000]
 )

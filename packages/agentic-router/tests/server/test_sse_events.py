@@ -3,10 +3,12 @@ same well-formed events, and stops at the first malformed one."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_router.server._sse import SseEvents
+from agentic_router.server._sse import SseEvents, engine_error
 
 _EVENTS = [
     b'data: {"choices":[{"text":" a"}]}\n\n',
@@ -86,3 +88,35 @@ def test_an_event_that_never_ends_is_malformed_however_it_is_chunked() -> None:
     assert relayed == b""
     assert events.problem.startswith("no event boundary in")
     assert events.feed(b'"}\n\n') == b""  # nothing from there on
+
+
+_ERROR = b'{"error": {"message": "EngineCore died", "type": "InternalServerError", "code": 500}}'
+
+
+@given(
+    st.lists(st.integers(0, 400), max_size=10),
+    st.integers(0, 3),
+    st.sampled_from([b"data: ", b"event: error\ndata: "]),
+)
+def test_an_engine_error_event_is_noticed_however_the_stream_is_cut(
+    cuts: list[int], before: int, field: bytes
+) -> None:
+    """The engine's error event (vLLM sends one when a generation fails, then
+    [DONE]) is relayed like any event and remembered, with its place among the
+    events with data, whichever way the chunks fall."""
+    ahead = [_EVENTS[0], _EVENTS[1]] * before  # `before` data events, and comments
+    stream = b"".join([*ahead, field + _ERROR + b"\n\n", _EVENTS[0], _EVENTS[-1]])
+    out, events = _relay(stream, cuts)
+    assert out == stream
+    assert events.error == _ERROR
+    assert events.error_at == before + 1
+    assert engine_error(json.loads(_ERROR)) == (500, "EngineCore died")
+
+
+def test_output_that_mentions_an_error_is_not_one() -> None:
+    assert engine_error({"id": "resp_1", "object": "response", "error": None}) is None
+    assert engine_error({"choices": [{"text": '{"error": 1}'}]}) is None
+    assert engine_error({"object": "error", "message": "m", "code": 429}) == (429, "m")
+    assert engine_error({"error": {"code": "oops"}}) == (500, "")
+    _, events = _relay(b'data: {"choices":[{"text":"{\\"error\\""}]}\n\n' + _EVENTS[-1], [])
+    assert events.error is None

@@ -18,13 +18,14 @@ from typing import Any
 from aiohttp import web
 
 from agentic_router.server._accounting import ACTIVE, Accounting, Endpoint
+from agentic_router.server._answers import json_error
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family, render
 from agentic_router.server._health import CLOSED, HALF_OPEN, OPEN, STATE_CODE
 from agentic_router.server._logging import dropped_lines
 from agentic_router.server._models import ModelCatalog
 from agentic_router.server._process import process_families
-from agentic_router.server._upstream import EngineClient, json_error
+from agentic_router.server._upstream import EngineClient
 
 
 def admin_refusal(request: web.Request, config: ServerConfig, what: str) -> web.Response | None:

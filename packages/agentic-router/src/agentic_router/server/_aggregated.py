@@ -29,9 +29,10 @@ from agentic_router.server._accounting import (
     RequestContext,
     admission_reason,
 )
+from agentic_router.server._answers import EngineFailure, json_error
 from agentic_router.server._handoff import SideFailure, handoff
 from agentic_router.server._parse import RESPONSES
-from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
+from agentic_router.server._upstream import EngineClient
 
 
 class HeldBlame:

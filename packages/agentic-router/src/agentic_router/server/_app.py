@@ -45,6 +45,7 @@ from agentic_router.server._accounting import (
 from agentic_router.server._admin import AdminEndpoints
 from agentic_router.server._affinity import ResponseAffinity
 from agentic_router.server._aggregated import serve_aggregated, serve_balanced
+from agentic_router.server._answers import json_error
 from agentic_router.server._body import BodyBudget, BodyReader, read_deadline
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._exposition import Family
@@ -83,7 +84,7 @@ from agentic_router.server._request_id import (
 )
 from agentic_router.server._routing import RoutingCore
 from agentic_router.server._shutdown import SHUTTING_DOWN
-from agentic_router.server._upstream import EngineClient, json_error
+from agentic_router.server._upstream import EngineClient
 from agentic_router.server._workers import WorkerSet
 
 log = logging.getLogger("agentic_router.server")

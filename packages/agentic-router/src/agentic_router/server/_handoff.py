@@ -30,17 +30,17 @@ from aiohttp import web
 from agentic_router._capped import TooLarge, read_capped
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
-from agentic_router.server._deadline import Deadline
-from agentic_router.server._upstream import (
+from agentic_router.server._answers import (
     RETRIABLE_STATUS,
-    EngineClient,
     EngineFailure,
     content_type_of,
     engine_said,
     not_an_answer,
     retry_after_of,
 )
-from agentic_router.server._upstream import json_object as parse_json_object
+from agentic_router.server._answers import json_object as parse_json_object
+from agentic_router.server._deadline import Deadline
+from agentic_router.server._upstream import EngineClient
 from agentic_router.types import RoutingRequest
 
 

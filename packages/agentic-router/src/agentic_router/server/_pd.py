@@ -13,9 +13,10 @@ from aiohttp import web
 from agentic_router.migration.admission import DIRECT
 from agentic_router.server._accounting import RequestContext
 from agentic_router.server._aggregated import HeldBlame, holding_blame
+from agentic_router.server._answers import EngineFailure, json_error
 from agentic_router.server._handoff import SideFailure, handoff, refusal_reason, with_id
 from agentic_router.server._routing import DECODE, PREFILL
-from agentic_router.server._upstream import EngineClient, EngineFailure, json_error
+from agentic_router.server._upstream import EngineClient
 from agentic_router.types import RoutingRequest
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "RESPONSE_CREATED",
     "RESPONSE_ENDS",
     "SseEvents",
+    "engine_error",
     "response_id_in",
     "response_id_of",
     "sse_events",
@@ -47,6 +48,8 @@ class SseEvents:
         "data_events",
         "done",
         "ends",
+        "error",
+        "error_at",
         "keep",
         "kept",
         "max_event_bytes",
@@ -75,6 +78,11 @@ class SseEvents:
         self.ends = ends
         self.keep = keep
         self.kept: bytes | None = None
+        # the first event that is the engine's error object (vLLM's and SGLang's
+        # `{"error": {...}}` / `{"object": "error", ...}`, sent when the generation
+        # failed), and which data event it was (1: the first)
+        self.error: bytes | None = None
+        self.error_at = 0
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole, well-formed events that `chunk` completes, to relay (b"" if
@@ -92,6 +100,8 @@ class SseEvents:
                 and chunk.count(b"\n") == 2
             ):
                 self.data_events += 1
+                if chunk.startswith(_ERROR_EVENTS):
+                    self._error(chunk[6:-2])
                 return chunk
             data = chunk
             cut = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
@@ -169,6 +179,8 @@ class SseEvents:
             return True
         if payload.startswith(b"{") and payload.endswith(b"}"):
             self.data_events += 1
+            if payload.startswith(_ERROR_OBJECTS):
+                self._error(payload)
             if kind and kind in self.ends:
                 self.done = True
             if kind and kind == self.keep and self.kept is None:
@@ -176,6 +188,36 @@ class SseEvents:
             return True
         self.problem = f"event data is not a JSON object: {payload[:40]!r}"
         return False
+
+    def _error(self, payload: bytes) -> None:
+        if self.error is None:
+            self.error, self.error_at = payload, self.data_events
+
+
+#: how an engine's error object starts (OpenAI's shape, which vLLM sends, and the
+#: older `object: error` one of SGLang), as event data and as a whole-event chunk
+_ERROR_OBJECTS: Final = (b'{"error"', b'{"object": "error"', b'{"object":"error"')
+_ERROR_EVENTS: Final = tuple(b"data: " + p for p in _ERROR_OBJECTS)
+
+
+def engine_error(answer: Any) -> tuple[int, str] | None:
+    """(status, message) when a parsed answer or event is an engine's error object
+    rather than output (`{"error": {"message", "code", ...}}`, or SGLang's older
+    `{"object": "error", "message", "code"}`); the status is its `code` when that is
+    an HTTP error status, else 500. None for anything else (a Responses object's
+    `"error": null` included)."""
+    if not isinstance(answer, dict):
+        return None
+    if answer.get("object") == "error":
+        info: Any = answer
+    elif "object" not in answer and isinstance(answer.get("error"), dict):
+        info = answer["error"]
+    else:
+        return None
+    code = info.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    message = info.get("message")
+    return status, message if isinstance(message, str) else ""
 
 
 _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")

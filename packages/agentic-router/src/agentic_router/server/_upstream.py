@@ -1,8 +1,6 @@
 """Talking to engines: the pooled client, relaying answers (deadlines are
 `_deadline`'s, the health check is `_health_check`).
 
-- `EngineFailure`: an engine gave no usable answer (what the client gets, and
-  whether another engine may be tried);
 - `EngineClient`: one pooled aiohttp session to every engine; `forward` sends a
   request and relays the answer (whole, or streamed event by event, never
   holding more than one unfinished event), under a connect timeout, a
@@ -13,30 +11,40 @@ It raises `EngineFailure` only while nothing has reached the client, so a
 retry is always safe; after that, errors go in-band (an SSE error event).
 What an engine sends is checked before it is relayed: a 200 body must be a
 JSON object, a stream must be well-formed SSE that ends with `[DONE]`
-(`SseEvents`, in `_sse`); anything else is that engine's failure (docs/operations.md).
+(`SseEvents`, in `_sse`), and an engine's own error object in a 200 (a
+generation that failed) is its 5xx; anything else is that engine's failure
+(docs/operations.md). `EngineFailure` and the answer checks are `_answers`'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import json
 import logging
 import time
 import uuid
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from agentic_common import redact_text
 from agentic_router._capped import Answer, Chunks, TooLarge, read_capped
 from agentic_router.server._accounting import (
     Accounting,
     Endpoint,
     RequestContext,
+)
+from agentic_router.server._answers import (
+    RETRIABLE_STATUS,
+    EngineFailure,
+    content_type_of,
+    engine_said,
+    json_error,
+    json_object,
+    not_an_answer,
+    retry_after_of,
+    stream_error,
 )
 from agentic_router.server._config import ServerConfig
 from agentic_router.server._deadline import Deadline
@@ -46,9 +54,15 @@ from agentic_router.server._engine_http import (
     engine_pool_available,
 )
 from agentic_router.server._http import abort_client, to_client
-from agentic_router.server._parse import RESPONSES, error_body
+from agentic_router.server._parse import RESPONSES
 from agentic_router.server._shutdown import SHUTTING_DOWN
-from agentic_router.server._sse import SseEvents, response_id_in, response_id_of, sse_events
+from agentic_router.server._sse import (
+    SseEvents,
+    engine_error,
+    response_id_in,
+    response_id_of,
+    sse_events,
+)
 
 log = logging.getLogger("agentic_router.server")
 
@@ -59,136 +73,8 @@ _FORWARD_HEADERS: Final = ("Authorization", "X-Request-Id", "traceparent", "trac
 VIA_HEADER: Final = "X-Agentic-Router-Via"
 #: more routers in a row than this is a loop too (one without this router in it)
 MAX_VIA: Final = 8
-RETRIABLE_STATUS: Final = frozenset({502, 503, 504})
-_SSE_END: Final = b"\n\n"
 #: how long the rest of an answer is read after its stream's end ([DONE])
 _AFTER_DONE_S: Final = 1.0
-
-
-class EngineFailure(Exception):
-    """The engine did not produce a usable answer; `status` is what the client gets.
-
-    A refusal the engine itself answered (a 4xx) keeps the engine's `answer` and
-    its `content_type`, which the client gets as is if no other engine serves
-    the request: every caller sees every refusal as a failure (so a refusal is
-    never reported as an admission), and the client still sees the engine's
-    own words."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        retriable: bool = True,
-        answer: bytes | None = None,
-        content_type: str = "application/json",
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retriable = retriable
-        self.answer = answer
-        self.content_type = content_type
-        self.slot: int | None = None  # the engine that failed, when not the obvious one
-        # a breaker failure not recorded yet (forward's hold_5xx): (engine, kind, message)
-        self.blame: tuple[Endpoint, str, str] | None = None
-        # the engine's Retry-After on a 429 or 503, relayed to the client
-        self.retry_after: str | None = None
-
-    def response(self, headers: dict[str, str]) -> web.Response:
-        """What the client gets when this was the last attempt: the engine's own
-        refusal, or the router's error in OpenAI's shape; an engine's Retry-After
-        goes with it (clients and load balancers back off by it)."""
-        if self.retry_after is not None:
-            headers = {**headers, "Retry-After": self.retry_after}
-        if self.answer is None:
-            return json_error(self.status, self.message, headers=headers)
-        return web.Response(
-            body=self.answer,
-            status=self.status,
-            headers={"Content-Type": self.content_type, **headers},
-        )
-
-
-def json_error(
-    status: int,
-    message: str,
-    *,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-    code: str | None = None,
-) -> web.Response:
-    """An error the router itself answers, in OpenAI's shape."""
-    return web.json_response(
-        error_body(status, message, param=param, code=code), status=status, headers=headers
-    )
-
-
-async def stream_error(out: web.StreamResponse, tail: bytes, status: int, message: str) -> None:
-    """End a started SSE stream with an error event (and no [DONE]): OpenAI clients
-    raise on an `error` event, and a client waiting for [DONE] sees a cut stream."""
-    event = b"data: " + json.dumps(error_body(status, message)).encode() + _SSE_END
-    prefix = b"" if tail.endswith(_SSE_END) else _SSE_END  # close a half-sent event first
-    with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
-        await out.write(prefix + event)
-        await out.write_eof()
-
-
-def json_object(data: bytes) -> dict[str, Any] | None:
-    """`data` as one JSON object, as `json.loads` sees it, or None when it is not one.
-    orjson answers the usual case (~4x faster); what it refuses, `json` judges. (Deep
-    nesting counts as no: the decoder's RecursionError is an engine's garbage, never
-    the router's crash.)"""
-    try:
-        node = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        try:
-            node = json.loads(data)
-        except (ValueError, RecursionError):
-            return None
-    return node if type(node) is dict else None
-
-
-def content_type_of(upstream: Answer, default: str) -> str:
-    """The engine's Content-Type, to relay: `default` when it has none, or one holding
-    a character a header may not (a control character or non-ASCII: aiohttp refused
-    to send it and the client got a 500)."""
-    value = upstream.headers.get("Content-Type", "")
-    if not value or not value.isascii() or not value.isprintable():
-        return default
-    return value
-
-
-def retry_after_of(upstream: Answer) -> str | None:
-    """The engine's Retry-After, to relay: delta-seconds or an HTTP date; None when it
-    has none or it is neither (a header a client cannot act on is not passed on)."""
-    value = upstream.headers.get("Retry-After", "").strip()
-    if value.isdigit() and value.isascii() and len(value) <= 10:
-        return value
-    if 0 < len(value) <= 64 and value.isascii() and value.isprintable():
-        with contextlib.suppress(TypeError, ValueError):
-            email.utils.parsedate_to_datetime(value)
-            return value
-    return None
-
-
-def engine_said(ep: Endpoint, status: int, data: bytes, what: str = "engine") -> str:
-    """`engine X answered 500: ...`, the engine's words cut short and redacted: an
-    engine that echoes a request (its Basic credentials) or its own configuration
-    (a database URL) would otherwise hand them to the client."""
-    return f"{what} {ep.spec.engine_id} answered {status}: " + redact_text(
-        data[:500].decode("utf-8", "replace")
-    )
-
-
-def not_an_answer(
-    acct: Accounting, ep: Endpoint, status: int, what: str = "engine"
-) -> EngineFailure:
-    """An engine's status below 400 other than 200 (a redirect, never followed, or a
-    success with no answer, such as a 204): nothing to relay. The engine's failure
-    (kind `garbage`), and a retriable 502 for the client."""
-    acct.record_failure(ep, "garbage", f"answered {status}, not 200")
-    return EngineFailure(502, f"{what} {ep.spec.engine_id} answered {status} instead of 200")
 
 
 class EngineClient:
@@ -281,8 +167,8 @@ class EngineClient:
             if upstream.status != 200:
                 return await self._relay_error(ctx, ep, upstream, hold_5xx)
             if ctx.parsed.stream:
-                return await self._relay_stream(ctx, ep, upstream, rid)
-            return await self._relay_full(ctx, ep, upstream, rid)
+                return await self._relay_stream(ctx, ep, upstream, rid, hold_5xx)
+            return await self._relay_full(ctx, ep, upstream, rid, hold_5xx)
         finally:
             upstream.release()
 
@@ -341,17 +227,7 @@ class EngineClient:
         if status < 400:
             raise not_an_answer(acct, ep, status)
         if status >= 500:
-            # The engine produced nothing the client saw, and a generation has no
-            # side effect outside the engine: another engine may try (any 5xx).
-            blame = (ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
-            # 502/503/504 say the engine is unavailable; a 500 may be this request's doing
-            hold = hold_5xx and status not in RETRIABLE_STATUS
-            if not hold:
-                acct.record_failure(*blame)
-            failure = EngineFailure(
-                status if status in RETRIABLE_STATUS else 502, engine_said(ep, status, data)
-            )
-            failure.blame = blame if hold else None
+            failure = self._server_error(ep, f"http_{status}", status, data, hold_5xx)
             if status == 503:
                 failure.retry_after = retry_after_of(upstream)
             raise failure
@@ -369,8 +245,26 @@ class EngineClient:
             failure.retry_after = retry_after_of(upstream)
         raise failure
 
+    def _server_error(
+        self, ep: Endpoint, kind: str, status: int, data: bytes, hold_5xx: bool
+    ) -> EngineFailure:
+        """An engine's 5xx, as an answer's status or as the error object it sent in a
+        200: the engine produced nothing the client saw, and a generation has no side
+        effect outside the engine, so another engine may try. 502/503/504 say the
+        engine is unavailable (its failure, now); a 500 may be this request's doing
+        (with `hold_5xx`, left to the caller as `blame`)."""
+        blame = (ep, kind, data[:200].decode("utf-8", "replace"))
+        hold = hold_5xx and status not in RETRIABLE_STATUS
+        if not hold:
+            self.acct.record_failure(*blame)
+        failure = EngineFailure(
+            status if status in RETRIABLE_STATUS else 502, engine_said(ep, status, data)
+        )
+        failure.blame = blame if hold else None
+        return failure
+
     async def _relay_full(
-        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str, hold_5xx: bool
     ) -> web.StreamResponse:
         acct = self.acct
         try:
@@ -391,6 +285,10 @@ class EngineClient:
         if answer is None:
             acct.record_failure(ep, "garbage", "a 200 answer that is not a JSON object")
             raise EngineFailure(502, f"engine {ep.spec.engine_id} sent an answer that is not JSON")
+        failed = engine_error(answer)
+        if failed is not None and failed[0] >= 500:
+            # a 200 whose body is the engine's error object: no answer, its failure
+            raise self._server_error(ep, "error_answer", failed[0], data, hold_5xx)
         ctx.first_token = time.monotonic()
         if ctx.parsed.kind == RESPONSES:
             ctx.response_id = response_id_in(answer)  # the answer parsed once
@@ -408,7 +306,7 @@ class EngineClient:
         )
 
     async def _first_event(
-        self, ep: Endpoint, content: Chunks, events: SseEvents
+        self, ep: Endpoint, content: Chunks, events: SseEvents, hold_5xx: bool
     ) -> tuple[bytes, bool]:
         """Read up to the stream's first whole, well-formed event: (the events ready to
         relay, whether the engine's answer ended). Nothing goes to the client before
@@ -434,10 +332,16 @@ class EngineClient:
         if not events.data_events:
             acct.record_failure(ep, "cut", "empty stream")
             raise EngineFailure(502, f"engine {engine} sent an empty stream")
+        failed = _stream_error(events)
+        if failed is not None and events.error_at == 1 and failed[0] >= 500:
+            # the generation failed before any output (vLLM streams its error, then
+            # [DONE]): nothing of it reached the client, so another engine may try
+            assert events.error is not None
+            raise self._server_error(ep, "error_event", failed[0], events.error, hold_5xx)
         return ready, ended
 
     async def _relay_stream(
-        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str
+        self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str, hold_5xx: bool
     ) -> web.StreamResponse:
         acct = self.acct
         engine = ep.spec.engine_id
@@ -454,7 +358,7 @@ class EngineClient:
             # trickling a byte a second is as silent as one sending nothing), and
             # each write to the client, which has `idle` to take it.
             async with Deadline(self.config.first_byte_timeout_s) as deadline:
-                ready, ended = await self._first_event(ep, content, events)
+                ready, ended = await self._first_event(ep, content, events, hold_5xx)
                 # From here on the client gets bytes: no retry, errors go in-band.
                 ctx.first_token = time.monotonic()
                 # a Responses stream's first event names the response
@@ -569,10 +473,28 @@ class EngineClient:
             acct.count(ctx, outcome)
             await to_client(ctx.request, idle, stream_error(out, tail, 502, message))
             return out
-        acct.record_success(ep)
-        acct.count(ctx, "ok")
+        failed = _stream_error(events)
+        if failed is not None and failed[0] >= 500:
+            # the engine's own error event, relayed as it came (with its [DONE]):
+            # the generation failed mid-way, and that is the engine's failure
+            acct.record_failure(ep, "error_event", failed[1][:200] or "an error event")
+            acct.count(ctx, "stream_engine_error")
+        else:
+            acct.record_success(ep)
+            acct.count(ctx, "ok")
         await to_client(ctx.request, idle, out.write_eof())
         return out
+
+
+def _stream_error(events: SseEvents) -> tuple[int, str] | None:
+    """(status, message) of the engine error event the stream carried, if any."""
+    if events.error is None:
+        return None
+    try:
+        node = orjson.loads(events.error)
+    except orjson.JSONDecodeError:
+        return None
+    return engine_error(node)
 
 
 async def _drain(content: Chunks, within_s: float) -> None:

@@ -43,6 +43,7 @@ from agentic_router.server._accounting import (
     Telemetry,
 )
 from agentic_router.server._admin import admin_refusal
+from agentic_router.server._answers import json_error
 from agentic_router.server._body import BodyBudget, BodyReader, read_deadline
 from agentic_router.server._config import EngineSpec, ServerConfig
 from agentic_router.server._engines import (
@@ -60,7 +61,6 @@ from agentic_router.server._health import Breaker
 from agentic_router.server._http import expect_continue
 from agentic_router.server._parse import BadRequest
 from agentic_router.server._routing import RoutingCore
-from agentic_router.server._upstream import json_error
 
 log = logging.getLogger("agentic_router.server")
 
