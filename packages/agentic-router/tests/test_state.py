@@ -226,6 +226,40 @@ def test_prefix_match_equals_a_naive_model(
     assert reg.matched_blocks(chain(probe), [4, 1]) == [want[4], want[1]]
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 79), st.lists(st.integers(0, 2), max_size=4)), max_size=30),
+    st.lists(st.integers(0, 2), max_size=5),
+    st.sets(st.integers(0, 79), min_size=1),
+)
+def test_prefix_match_in_a_large_pool_equals_a_naive_model(
+    touches: list[tuple[int, list[int]]], probe: list[int], subset: set[int]
+) -> None:
+    """80 workers, most of them holding a shared system prompt: the depths are filled from
+    the largest group (a large pool's path), and still equal a naive walk."""
+
+    def chain(shape: list[int]) -> tuple[int, ...]:
+        return tuple(hash(tuple(shape[: i + 1])) & 0xFFFFFFFF for i in range(len(shape)))
+
+    reg = PromptRegistry(80, ttl_s=1e9)
+    system = [9, 9, 9]
+    for w in range(80):  # three quarters of the pool hold the system prompt
+        if w % 4 == 0:
+            continue
+        reg.touch(w, chain(system), now=0.0, block_size=16)
+    for t, (worker, suffix) in enumerate(touches):
+        reg.touch(worker, chain(system + suffix), now=1.0 + t, block_size=16)
+    probe_chain = chain(system + probe)
+    want = []
+    for w in range(80):
+        held = reg._workers[w]
+        want.append(next((i for i, h in enumerate(probe_chain) if h not in held), len(probe_chain)))
+    assert reg.matched_blocks(probe_chain, list(range(80))) == want
+    some = sorted(subset)
+    assert reg.matched_blocks(probe_chain, some) == [want[w] for w in some]
+    assert reg.matched_blocks(chain(system), some) == [min(want[w], 3) for w in some]
+
+
 def test_decode_worker_takes_the_request_at_first_token() -> None:
     s = _state()
     chain = (101, 102, 103)

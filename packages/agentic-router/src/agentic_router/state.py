@@ -130,6 +130,31 @@ class ActiveSequences:
 _EPOCH_SPAN: Final = 500.0
 
 
+def _depths_by_slot(groups: list[tuple[int, int]], none: int, n: int) -> list[int]:
+    """Each slot's depth from `groups` ((depth, workers bitmask), one per depth) and
+    `none` (the workers holding nothing). The list is filled with one group's depth
+    so that only the other groups' workers are visited one by one: in a large pool,
+    the largest group (at 256 workers sharing a system prompt, all but a few).
+    Slots in no group get that depth too: the caller never reads them."""
+    base_lo, base = 0, none
+    if n > 64:
+        for lo, mask in groups:
+            if mask.bit_count() > base.bit_count():
+                base_lo, base = lo, mask
+        if base_lo:
+            groups = [*groups, (0, none)]
+    depths = [base_lo] * n
+    for lo, workers in groups:
+        if lo == base_lo:
+            continue
+        mask = workers
+        while mask:
+            low = mask & -mask
+            depths[low.bit_length() - 1] = lo
+            mask ^= low
+    return depths
+
+
 class PromptRegistry:
     """Derived read model: per-worker load projection, which worker holds which
     prefix blocks, and each session's home worker. Bounded memory.
@@ -183,7 +208,7 @@ class PromptRegistry:
         # what the holders looked like, by change count, and the latest match made on
         # them: (chain, version, workers searched as a bitmask, worker -> depth > 0)
         self._version = 0
-        self._last_match: tuple[Sequence[int], int, int, dict[int, int]] | None = None
+        self._last_match: tuple[Sequence[int], int, int, list[int]] | None = None
 
     # -- workers joining and leaving ---------------------------------------
     def add_worker(self) -> None:
@@ -307,7 +332,7 @@ class PromptRegistry:
             # reservation right after its decision): the depths found then stand
             searched, depths = last[2], last[3]
             if all(searched >> c & 1 for c in cands):
-                return [depths.get(c, 0) for c in cands]
+                return list(map(depths.__getitem__, cands))
         n = len(self._workers)
         scope = (1 << n) - 1
         if len(cands) != n:
@@ -318,16 +343,14 @@ class PromptRegistry:
         alive = get(block_hashes[0], 0) & scope
         if not alive:
             return [0] * len(cands)
-        depth_of: dict[int, int] = {}
+        # (depth, workers) of each depth found (each depth is one group)
+        groups: list[tuple[int, int]] = []
         # (lo, hi, workers): each of these workers holds lo blocks and at most hi
         todo = [(1, len(block_hashes), alive)]
         while todo:
             lo, hi, mask = todo.pop()
             if lo == hi:
-                while mask:
-                    low = mask & -mask
-                    depth_of[low.bit_length() - 1] = lo
-                    mask ^= low
+                groups.append((lo, mask))
                 continue
             mid = (lo + hi + 1) // 2
             deeper = get(block_hashes[mid - 1], 0) & mask  # hold block mid-1: depth >= mid
@@ -335,9 +358,9 @@ class PromptRegistry:
                 todo.append((mid, hi, deeper))
             if deeper != mask:
                 todo.append((lo, mid - 1, mask ^ deeper))
-        self._last_match = (block_hashes, self._version, scope, depth_of)
-        found = depth_of.get
-        return [found(c, 0) for c in cands]
+        depths = _depths_by_slot(groups, scope ^ alive, n)
+        self._last_match = (block_hashes, self._version, scope, depths)
+        return list(map(depths.__getitem__, cands))
 
     def blocks_held(self, worker: int) -> int:
         return len(self._workers[worker])
