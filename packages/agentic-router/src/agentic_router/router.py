@@ -83,12 +83,14 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from operator import add
 from typing import Any
 
 import pluggy
 
 from agentic_common import EngineState
 from agentic_router._replica_apply import ReplicaApply, SequenceSink
+from agentic_router._states_memo import StatesMemo
 from agentic_router._worker_changes import WorkerChanges
 from agentic_router._worker_table import WorkerTable
 from agentic_router.decision import Decision, DecisionTrace
@@ -175,6 +177,7 @@ class Router(WorkerChanges, ReplicaApply):
             deque([(clock(), self.registry.load(w))]) for w in range(self.num_workers)
         ]
         self._inst_cache: list[InstanceState | None] = [None] * self.num_workers
+        self._memo = StatesMemo()
         self._metrics: list[EngineMetrics | None] = [None] * self.num_workers
         self._excess_since: list[float | None] = [None] * self.num_workers
         self.feed_counts: Counter[str] = Counter()
@@ -244,21 +247,22 @@ class Router(WorkerChanges, ReplicaApply):
         """InstanceStates for a decision, reusing a worker's previous one when its
         shadow and snapshot are the same objects and the clock is still in the span
         over which its flags keep their values (the common case between two
-        decisions); `age_s` of a reused one is as of when it was built."""
-        load, real, rules, cache = self.registry.load, self._real, self._rules, self._inst_cache
-        build, unreserved = InstanceState.build, self._unreserved
-        out: list[InstanceState] = []
-        for w in workers:
-            sh = load(w)
-            r = real[w]
-            c = cache[w]
-            if r is None:
-                if c is None or c.shadow is not sh or c.real is not None:
-                    c = cache[w] = InstanceState(w, sh)
-            elif c is None or not c.reusable(sh, r, now):
-                c = cache[w] = build(w, sh, r, now, rules, unreserved[w])
-            out.append(c)
-        return out
+        decisions; `_states_memo` finds the others without a step per worker);
+        `age_s` of a reused one is as of when it was built."""
+        shadows = self.registry.loads(workers)
+        reals = list(map(self._real.__getitem__, workers))
+        return self._memo.states(workers, shadows, reals, now, self._state_of)
+
+    def _state_of(self, w: int, sh: WorkerLoad, r: EngineState | None, now: float) -> InstanceState:
+        c = self._inst_cache[w]
+        if r is None:
+            if c is None or c.shadow is not sh or c.real is not None:
+                c = self._inst_cache[w] = InstanceState(w, sh)
+        elif c is None or not c.reusable(sh, r, now):
+            c = self._inst_cache[w] = InstanceState.build(
+                w, sh, r, now, self._rules, self._unreserved[w]
+            )
+        return c
 
     def instance_state(self, worker: int) -> InstanceState:
         self.workers.check(worker)
@@ -372,13 +376,15 @@ class Router(WorkerChanges, ReplicaApply):
                 raw = scorer.score(ctx)
                 if len(raw) != m:
                     raise ValueError(f"returned {len(raw)} scores for {m} candidates")
-                vals = list(map(float, raw)) if weight == 1.0 else [weight * float(v) for v in raw]
+                vals = list(map(float, raw))
+                if weight != 1.0:
+                    vals = list(map(float(weight).__mul__, vals))
                 if not math.isfinite(math.fsum(vals)):  # any inf or nan makes the sum so
                     raise ValueError("returned a non-finite score")
             except Exception:
                 self._errors.record(f"scorer:{sname}", f"scorer {sname!r}")
                 continue
-            totals = vals if not parts else [t + v for t, v in zip(totals, vals, strict=True)]
+            totals = vals if not parts else list(map(add, totals, vals))
             parts[sname] = vals
         return totals, parts
 
@@ -386,9 +392,9 @@ class Router(WorkerChanges, ReplicaApply):
     def _pick(ctx: ScoringContext, spec: PolicySpec, totals: list[float]) -> int:
         """Index of the lowest total; ties by the policy's tie-break features, then rotation."""
         best_total = min(totals)
+        if totals.count(best_total) == 1:
+            return totals.index(best_total)
         ties = [i for i, t in enumerate(totals) if t == best_total]
-        if len(ties) == 1:
-            return ties[0]
         return min(ties, key=ctx.tie_key(spec.tie_break))
 
     def route(self, req: RoutingRequest) -> Decision:

@@ -264,6 +264,10 @@ class PromptRegistry:
     def load(self, worker: int) -> WorkerLoad:
         return self._loads[worker]
 
+    def loads(self, workers: list[int]) -> list[WorkerLoad]:
+        """`load` of each of `workers` (one C-speed pass)."""
+        return list(map(self._loads.__getitem__, workers))
+
     # -- prefix membership -----------------------------------------------
     def set_capacity(self, worker: int, tokens: int) -> None:
         """The worker's prefix-cache capacity in tokens (e.g. its engine's KV size)."""
