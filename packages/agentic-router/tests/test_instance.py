@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentic_router import Router, RoutingRequest
 from agentic_router.instance import InstanceState
 from agentic_router.pytest_plugin import (
     MakeEngineState,
@@ -301,3 +302,60 @@ def test_a_state_reused_within_its_span_has_the_flags_a_new_one_would(
     for now in (built + d for d in later):
         if since <= now and now - real.ts <= until_age:
             assert flags_at(now) == flags_at(built)
+
+
+_step = st.one_of(
+    st.tuples(st.just("route"), st.integers(1, 5000)),
+    st.tuples(st.just("free"), st.integers(0, 30)),
+    st.tuples(st.just("first_token"), st.integers(0, 30)),
+    st.tuples(st.just("feed"), st.integers(0, 3), st.integers(0, 200_000), st.floats(0.0, 3.0)),
+    st.tuples(st.just("wait"), st.sampled_from([0.0, 0.001, 0.3, 0.5, 0.5000001, 2.0, 30.0])),
+    st.tuples(st.just("sick"), st.integers(0, 3), st.booleans()),
+)
+
+
+def _flags(s: InstanceState) -> tuple[object, ...]:
+    return (
+        s.worker, s.fresh, s.stalled, s.uses_real, s.eff_num_requests, s.eff_pending_prefill,
+        s.eff_ongoing_decode, s.eff_num_decoding, s.r_max_prefill_remaining, s.kv_free_tokens,
+    )  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_step, max_size=40))
+def test_the_states_a_decision_reuses_are_the_states_it_would_build(
+    steps: list[tuple[object, ...]],
+) -> None:
+    """Whatever happened between two decisions (placements, frees, snapshots of any
+    age, the clock across the freshness and hold bounds, health changes), the states
+    a decision scores, partly remembered from the last one, are those a router that
+    remembers nothing would build."""
+    clock = ManualClock(1_700_000_000.0)
+    router = Router(["a", "b", "c", "d"], "unified", clock=clock)
+    placed: list[str] = []
+    for n, (kind, *args) in enumerate(steps):
+        if kind == "route":
+            req = RoutingRequest(f"r{n}", f"s{n % 3}", int(args[0]))
+            router.route(req)
+            placed.append(req.request_id)
+        elif kind in ("free", "first_token") and placed:
+            rid = placed[int(args[0]) % len(placed)]
+            (router.free if kind == "free" else router.mark_prefill_completed)(rid)
+        elif kind == "feed":
+            w, backlog, age = args
+            state = engine_state(
+                f"engine_{w}", clock() - float(age), seq=n, num_running=2,
+                max_prefill_remaining=int(backlog), pending_prefill_tokens=int(backlog),
+            )  # fmt: skip
+            router.apply_engine_states({f"engine_{w}": state})
+        elif kind == "wait":
+            clock.advance(float(args[0]))
+        elif kind == "sick":
+            router.set_worker_health(int(args[0]), bool(args[1]))
+        ctx = router.context(RoutingRequest(f"q{n}", None, 100))
+        now = clock()
+        fresh = [InstanceState.build(w, router.registry.load(w), router._real[w], now,
+                                     router.config.rules, router._unreserved[w])
+                 if router._real[w] is not None else InstanceState(w, router.registry.load(w))
+                 for w in ctx.candidates]  # fmt: skip
+        assert list(map(_flags, ctx.states)) == list(map(_flags, fresh))
