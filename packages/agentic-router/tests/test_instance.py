@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -324,7 +326,7 @@ def _flags(s: InstanceState) -> tuple[object, ...]:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_step, max_size=40))
 def test_the_states_a_decision_reuses_are_the_states_it_would_build(
-    steps: list[tuple[object, ...]],
+    steps: list[tuple[Any, ...]],
 ) -> None:
     """Whatever happened between two decisions (placements, frees, snapshots of any
     age, the clock across the freshness and hold bounds, health changes), the states
