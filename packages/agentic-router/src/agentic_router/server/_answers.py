@@ -6,7 +6,8 @@
   as a started stream's last event;
 - `json_object`, `content_type_of`, `retry_after_of`, `engine_said`,
   `not_an_answer`: an engine's answer, Content-Type, Retry-After and words,
-  checked and made safe to relay.
+  checked and made safe to relay;
+- `server_error`: an engine's 5xx as a failure, its breaker's now or held.
 
 Owns no state (`_upstream` does the talking).
 """
@@ -146,6 +147,31 @@ def engine_said(ep: Endpoint, status: int, data: bytes, what: str = "engine") ->
     return f"{what} {ep.spec.engine_id} answered {status}: " + redact_text(
         data[:500].decode("utf-8", "replace")
     )
+
+
+def server_error(
+    acct: Accounting,
+    ep: Endpoint,
+    kind: str,
+    status: int,
+    data: bytes,
+    hold_5xx: bool,
+    what: str = "engine",
+) -> EngineFailure:
+    """An engine's 5xx, as an answer's status or as the error object it sent in a
+    200: the engine produced nothing the client saw, and a generation has no side
+    effect outside the engine, so another engine may try. 502/503/504 say the
+    engine is unavailable (its failure, now); a 500 may be this request's doing
+    (with `hold_5xx`, left to the caller as `blame`)."""
+    blame = (ep, kind, data[:200].decode("utf-8", "replace"))
+    hold = hold_5xx and status not in RETRIABLE_STATUS
+    if not hold:
+        acct.record_failure(*blame)
+    failure = EngineFailure(
+        status if status in RETRIABLE_STATUS else 502, engine_said(ep, status, data, what)
+    )
+    failure.blame = blame if hold else None
+    return failure
 
 
 def not_an_answer(

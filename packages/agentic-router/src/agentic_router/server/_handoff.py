@@ -31,12 +31,12 @@ from agentic_router._capped import TooLarge, read_capped
 from agentic_router.migration.admission import NAMED_REASONS, VIA_PREFILL
 from agentic_router.server._accounting import Endpoint, RequestContext, admission_reason
 from agentic_router.server._answers import (
-    RETRIABLE_STATUS,
     EngineFailure,
     content_type_of,
     engine_said,
     not_an_answer,
     retry_after_of,
+    server_error,
 )
 from agentic_router.server._answers import json_object as parse_json_object
 from agentic_router.server._deadline import Deadline
@@ -176,24 +176,21 @@ async def _read_prefill(
     status = upstream.status
     if status < 400 and status != 200:
         raise SideFailure(ep.slot, not_an_answer(acct, ep, status, "prefill engine"))
+    if status >= 500:  # as from an aggregated engine; another pair may take it
+        failure = server_error(acct, ep, f"http_{status}", status, data, True, "prefill engine")
+        if status == 503:
+            failure.retry_after = retry_after_of(upstream)
+        raise SideFailure(ep.slot, failure)
     if status != 200:
-        retriable = status >= 500 or status == 429  # another pair may take it
         failure = EngineFailure(
-            # as from an aggregated engine: its 503 / 504 say so, any other 5xx is a 502
-            status if status < 500 or status in RETRIABLE_STATUS else 502,
+            status,
             engine_said(ep, status, data, "prefill engine"),
-            retriable=retriable,
-            answer=None if status >= 500 else data,
+            retriable=status == 429,  # another pair may take it
+            answer=data,
             content_type=content_type_of(upstream, "application/json"),
         )
-        if status in (429, 503):
+        if status == 429:
             failure.retry_after = retry_after_of(upstream)
-        if status >= 500:
-            blame = (ep, f"http_{status}", data[:200].decode("utf-8", "replace"))
-            if status in RETRIABLE_STATUS:  # the engine says it is unavailable
-                acct.record_failure(*blame)
-            else:  # a 500 may be this request's doing
-                failure.blame = blame
         raise SideFailure(ep.slot, failure)
     answer = parse_json_object(data) if json_object else None
     if json_object and answer is None:

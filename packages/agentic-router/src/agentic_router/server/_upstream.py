@@ -36,7 +36,6 @@ from agentic_router.server._accounting import (
     RequestContext,
 )
 from agentic_router.server._answers import (
-    RETRIABLE_STATUS,
     EngineFailure,
     content_type_of,
     engine_said,
@@ -44,6 +43,7 @@ from agentic_router.server._answers import (
     json_object,
     not_an_answer,
     retry_after_of,
+    server_error,
     stream_error,
 )
 from agentic_router.server._config import ServerConfig
@@ -227,7 +227,7 @@ class EngineClient:
         if status < 400:
             raise not_an_answer(acct, ep, status)
         if status >= 500:
-            failure = self._server_error(ep, f"http_{status}", status, data, hold_5xx)
+            failure = server_error(self.acct, ep, f"http_{status}", status, data, hold_5xx)
             if status == 503:
                 failure.retry_after = retry_after_of(upstream)
             raise failure
@@ -244,24 +244,6 @@ class EngineClient:
         if status == 429:
             failure.retry_after = retry_after_of(upstream)
         raise failure
-
-    def _server_error(
-        self, ep: Endpoint, kind: str, status: int, data: bytes, hold_5xx: bool
-    ) -> EngineFailure:
-        """An engine's 5xx, as an answer's status or as the error object it sent in a
-        200: the engine produced nothing the client saw, and a generation has no side
-        effect outside the engine, so another engine may try. 502/503/504 say the
-        engine is unavailable (its failure, now); a 500 may be this request's doing
-        (with `hold_5xx`, left to the caller as `blame`)."""
-        blame = (ep, kind, data[:200].decode("utf-8", "replace"))
-        hold = hold_5xx and status not in RETRIABLE_STATUS
-        if not hold:
-            self.acct.record_failure(*blame)
-        failure = EngineFailure(
-            status if status in RETRIABLE_STATUS else 502, engine_said(ep, status, data)
-        )
-        failure.blame = blame if hold else None
-        return failure
 
     async def _relay_full(
         self, ctx: RequestContext, ep: Endpoint, upstream: Answer, rid: str, hold_5xx: bool
@@ -288,7 +270,7 @@ class EngineClient:
         failed = engine_error(answer)
         if failed is not None and failed[0] >= 500:
             # a 200 whose body is the engine's error object: no answer, its failure
-            raise self._server_error(ep, "error_answer", failed[0], data, hold_5xx)
+            raise server_error(self.acct, ep, "error_answer", failed[0], data, hold_5xx)
         ctx.first_token = time.monotonic()
         if ctx.parsed.kind == RESPONSES:
             ctx.response_id = response_id_in(answer)  # the answer parsed once
@@ -337,7 +319,7 @@ class EngineClient:
             # the generation failed before any output (vLLM streams its error, then
             # [DONE]): nothing of it reached the client, so another engine may try
             assert events.error is not None
-            raise self._server_error(ep, "error_event", failed[0], events.error, hold_5xx)
+            raise server_error(self.acct, ep, "error_event", failed[0], events.error, hold_5xx)
         return ready, ended
 
     async def _relay_stream(
