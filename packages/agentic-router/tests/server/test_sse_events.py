@@ -8,7 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_router.server._sse import SseEvents, engine_error
+from agentic_router.server._answers import engine_error
+from agentic_router.server._sse import SseEvents
 
 _EVENTS = [
     b'data: {"choices":[{"text":" a"}]}\n\n',

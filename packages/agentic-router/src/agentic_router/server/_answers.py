@@ -4,7 +4,7 @@
   whether another engine may be tried);
 - `json_error`, `stream_error`: an error the router itself answers, whole or
   as a started stream's last event;
-- `json_object`, `content_type_of`, `retry_after_of`, `engine_said`,
+- `json_object`, `engine_error`, `content_type_of`, `retry_after_of`, `engine_said`,
   `not_an_answer`: an engine's answer, Content-Type, Retry-After and words,
   checked and made safe to relay;
 - `server_error`: an engine's 5xx as a failure, its breaker's now or held.
@@ -115,6 +115,26 @@ def json_object(data: bytes) -> dict[str, Any] | None:
         except (ValueError, RecursionError):
             return None
     return node if type(node) is dict else None
+
+
+def engine_error(answer: Any) -> tuple[int, str] | None:
+    """(status, message) when a parsed answer or event is an engine's error object
+    rather than output (`{"error": {"message", "code", ...}}`, or SGLang's older
+    `{"object": "error", "message", "code"}`); the status is its `code` when that is
+    an HTTP error status, else 500. None for anything else (a Responses object's
+    `"error": null` included)."""
+    if not isinstance(answer, dict):
+        return None
+    if answer.get("object") == "error":
+        info: Any = answer
+    elif "object" not in answer and isinstance(answer.get("error"), dict):
+        info = answer["error"]
+    else:
+        return None
+    code = info.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    message = info.get("message")
+    return status, message if isinstance(message, str) else ""
 
 
 def content_type_of(upstream: Answer, default: str) -> str:

@@ -20,7 +20,6 @@ __all__ = [
     "RESPONSE_CREATED",
     "RESPONSE_ENDS",
     "SseEvents",
-    "engine_error",
     "response_id_in",
     "response_id_of",
     "sse_events",
@@ -198,26 +197,6 @@ class SseEvents:
 #: older `object: error` one of SGLang), as event data and as a whole-event chunk
 _ERROR_OBJECTS: Final = (b'{"error"', b'{"object": "error"', b'{"object":"error"')
 _ERROR_EVENTS: Final = tuple(b"data: " + p for p in _ERROR_OBJECTS)
-
-
-def engine_error(answer: Any) -> tuple[int, str] | None:
-    """(status, message) when a parsed answer or event is an engine's error object
-    rather than output (`{"error": {"message", "code", ...}}`, or SGLang's older
-    `{"object": "error", "message", "code"}`); the status is its `code` when that is
-    an HTTP error status, else 500. None for anything else (a Responses object's
-    `"error": null` included)."""
-    if not isinstance(answer, dict):
-        return None
-    if answer.get("object") == "error":
-        info: Any = answer
-    elif "object" not in answer and isinstance(answer.get("error"), dict):
-        info = answer["error"]
-    else:
-        return None
-    code = info.get("code")
-    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-    message = info.get("message")
-    return status, message if isinstance(message, str) else ""
 
 
 _EVENT_END: Final = re.compile(rb"\r?\n\r?\n")

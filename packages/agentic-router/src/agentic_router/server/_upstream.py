@@ -38,6 +38,7 @@ from agentic_router.server._accounting import (
 from agentic_router.server._answers import (
     EngineFailure,
     content_type_of,
+    engine_error,
     engine_said,
     json_error,
     json_object,
@@ -58,7 +59,6 @@ from agentic_router.server._parse import RESPONSES
 from agentic_router.server._shutdown import SHUTTING_DOWN
 from agentic_router.server._sse import (
     SseEvents,
-    engine_error,
     response_id_in,
     response_id_of,
     sse_events,
