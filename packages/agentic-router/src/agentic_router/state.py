@@ -206,7 +206,7 @@ class PromptRegistry:
         self.evicted_blocks = 0
         self.evicted_sessions = 0
         # what the holders looked like, by change count, and the latest match made on
-        # them: (chain, version, workers searched as a bitmask, worker -> depth > 0)
+        # them: (chain, version, workers searched as a bitmask, depth by slot)
         self._version = 0
         self._last_match: tuple[Sequence[int], int, int, list[int]] | None = None
 
